@@ -1,0 +1,171 @@
+//! Who is calling. Every credential arrives as `Authorization: Bearer …`
+//! (Workspace keys also as `x-api-key`); its prefix says which table to ask.
+//! Invalid or revoked credentials are 401; valid ones outside their scope 403.
+
+use crate::context::ApiContext;
+use crate::error::{ApiError, ApiResult};
+use crate::ids;
+use crate::lease::TokenUse;
+use crate::store::keys::{self, KeyRow};
+use crate::store::work::{self, WorkRow};
+use axum::http::HeaderMap;
+use mango_protocol::time;
+
+pub enum Principal {
+    Workspace(KeyRow),
+    Environment(KeyRow),
+    /// A Work item's sessions token; the row is its current claim.
+    Token(Box<WorkRow>),
+}
+
+fn presented(headers: &HeaderMap) -> ApiResult<String> {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| ApiError::unauthenticated("Authorization header is not valid text"))?;
+        let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+        if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+            return Err(ApiError::unauthenticated(
+                "Authorization must be \"Bearer <credential>\"",
+            ));
+        }
+        return Ok(token.trim().to_string());
+    }
+    if let Some(value) = headers.get("x-api-key") {
+        let key = value
+            .to_str()
+            .map_err(|_| ApiError::unauthenticated("x-api-key is not valid text"))?
+            .trim();
+        if !key.starts_with(ids::WORKSPACE_KEY_PREFIX) {
+            return Err(ApiError::unauthenticated(
+                "x-api-key carries Workspace keys only; send other credentials as Authorization: Bearer",
+            ));
+        }
+        return Ok(key.to_string());
+    }
+    Err(ApiError::unauthenticated(
+        "missing credential: send Authorization: Bearer <key>",
+    ))
+}
+
+pub async fn authenticate(ctx: &ApiContext, headers: &HeaderMap) -> ApiResult<Principal> {
+    let secret = presented(headers)?;
+    let digest = ids::sha256(&secret);
+    if secret.starts_with(ids::SESSIONS_TOKEN_PREFIX) {
+        return match work::find_by_token(&ctx.db, &digest).await? {
+            Some(row) => Ok(Principal::Token(Box::new(row))),
+            None => Err(ApiError::unauthenticated(
+                "invalid sessions token: it was never issued, or a newer claim replaced it",
+            )),
+        };
+    }
+    if !(secret.starts_with(ids::WORKSPACE_KEY_PREFIX)
+        || secret.starts_with(ids::ENVIRONMENT_KEY_PREFIX))
+    {
+        return Err(ApiError::unauthenticated("invalid credential"));
+    }
+    let key = match keys::find_by_secret(&ctx.db, &digest).await? {
+        Some(key) if key.revoked_at.is_none() => key,
+        _ => return Err(ApiError::unauthenticated("invalid or revoked API key")),
+    };
+    if let Some(ws) = headers
+        .get("anthropic-workspace-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        if ws != key.workspace_id {
+            return Err(ApiError::forbidden(format!(
+                "this key does not belong to workspace {ws}"
+            )));
+        }
+    }
+    let now = time::now();
+    if key
+        .last_used_at
+        .is_none_or(|t| t < now - chrono::Duration::seconds(60))
+    {
+        let db = ctx.db.clone();
+        let id = key.id.clone();
+        tokio::spawn(async move {
+            if let Err(err) = keys::touch(&db, &id, now).await {
+                tracing::debug!(error = %err, "could not record key use");
+            }
+        });
+    }
+    Ok(if key.kind == "environment" {
+        Principal::Environment(key)
+    } else {
+        Principal::Workspace(key)
+    })
+}
+
+/// The refusal for a credential used outside its scope: 403 when it is live,
+/// 401 when a sessions token is no longer valid at all.
+fn out_of_scope(principal: &Principal, what: &str) -> ApiError {
+    if let Principal::Token(row) = principal {
+        let now = time::now();
+        if let Err(rejection) = row
+            .lease()
+            .reconcile(now)
+            .admits_token(TokenUse::Session, now)
+        {
+            return ApiError::unauthenticated(rejection.message());
+        }
+    }
+    let who = match principal {
+        Principal::Workspace(_) => "a Workspace key",
+        Principal::Environment(_) => "an Environment key",
+        Principal::Token(_) => "a sessions token",
+    };
+    ApiError::forbidden(format!("{what} is not permitted with {who}"))
+}
+
+impl Principal {
+    pub fn workspace_key(self, what: &str) -> ApiResult<KeyRow> {
+        match self {
+            Principal::Workspace(key) => Ok(key),
+            other => Err(out_of_scope(&other, what)),
+        }
+    }
+
+    /// An Environment key bound to `environment_id`.
+    pub fn environment_key(self, environment_id: &str, what: &str) -> ApiResult<KeyRow> {
+        match self {
+            Principal::Environment(key)
+                if key.environment_id.as_deref() == Some(environment_id) =>
+            {
+                Ok(key)
+            }
+            Principal::Environment(_) => Err(ApiError::forbidden(format!(
+                "{what}: this Environment key is bound to another Environment"
+            ))),
+            other => Err(out_of_scope(&other, what)),
+        }
+    }
+
+    /// The sessions token of exactly this Work item.
+    pub fn token_for(self, environment_id: &str, work_id: &str, what: &str) -> ApiResult<WorkRow> {
+        match self {
+            Principal::Token(row) if row.id == work_id && row.environment_id == environment_id => {
+                Ok(*row)
+            }
+            Principal::Token(row) => {
+                let p = Principal::Token(row);
+                match out_of_scope(&p, what) {
+                    e if e.status == axum::http::StatusCode::UNAUTHORIZED => Err(e),
+                    _ => Err(ApiError::forbidden(format!(
+                        "{what}: this sessions token belongs to another Work item"
+                    ))),
+                }
+            }
+            other => Err(out_of_scope(&other, what)),
+        }
+    }
+
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Principal::Workspace(_) => "workspace_key",
+            Principal::Environment(_) => "environment_key",
+            Principal::Token(_) => "sessions_token",
+        }
+    }
+}

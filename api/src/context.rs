@@ -1,0 +1,80 @@
+use crate::wake::WakeHub;
+use chrono::Duration;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Tunables of the control plane (`MANGO_*` environment variables / flags).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Lease TTL when a heartbeat does not ask for one, and the pre-heartbeat lease after Ack.
+    pub default_ttl_seconds: i64,
+    /// Poll's `reclaim_older_than_ms` when the caller does not send it.
+    pub default_reclaim: Duration,
+    /// How often the sweeper persists time-driven transitions.
+    pub sweep_interval: std::time::Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            default_ttl_seconds: 120,
+            default_reclaim: Duration::milliseconds(5000),
+            sweep_interval: std::time::Duration::from_secs(1),
+        }
+    }
+}
+
+/// Everything a handler needs, cloned per request.
+#[derive(Clone)]
+pub struct ApiContext {
+    pub db: PgPool,
+    pub settings: Arc<Settings>,
+    pub wake: Arc<WakeHub>,
+    sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
+}
+
+/// A worker id is written to the store at most this often per process; stats
+/// count ids seen in the last 30 s, so this staleness never changes the count.
+const SIGHTING_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl ApiContext {
+    pub fn new(db: PgPool, settings: Settings) -> Self {
+        ApiContext {
+            db,
+            settings: Arc::new(settings),
+            wake: Arc::default(),
+            sightings: Arc::default(),
+        }
+    }
+
+    /// Records that `worker_id` polled, off the request path and throttled.
+    pub fn note_worker(&self, environment_id: &str, worker_id: &str) {
+        let key = (environment_id.to_string(), worker_id.to_string());
+        {
+            let mut seen = self.sightings.lock().expect("sightings lock");
+            let now = Instant::now();
+            if seen
+                .get(&key)
+                .is_some_and(|t| now.duration_since(*t) < SIGHTING_REFRESH)
+            {
+                return;
+            }
+            if seen.len() > 10_000 {
+                seen.retain(|_, t| now.duration_since(*t) < std::time::Duration::from_secs(60));
+            }
+            seen.insert(key.clone(), now);
+        }
+        let db = self.db.clone();
+        tokio::spawn(async move {
+            let (env, worker) = key;
+            if let Err(err) =
+                crate::store::work::record_worker(&db, &env, &worker, mango_protocol::time::now())
+                    .await
+            {
+                tracing::debug!(error = %err, "could not record worker sighting");
+            }
+        });
+    }
+}

@@ -1,0 +1,112 @@
+//! One error type for the whole API, rendered as the SDK's error envelope
+//! with a `request-id` header; the status and `error_code` pick the SDK class.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use mango_protocol::codes;
+use serde_json::{json, Map, Value};
+
+tokio::task_local! {
+    /// The id of the request being served, set by the request-id middleware.
+    pub static REQUEST_ID: String;
+}
+
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(|id| id.clone()).ok()
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub details: Map<String, Value>,
+    /// `x-should-retry: false` for answers a retry cannot change (SDK retries 409).
+    pub final_answer: bool,
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            details: Map::new(),
+            final_answer: false,
+        }
+    }
+    pub fn code(mut self, code: &str) -> Self {
+        self.details
+            .insert("error_code".into(), Value::String(code.into()));
+        self
+    }
+    pub fn detail(mut self, key: &str, value: Value) -> Self {
+        self.details.insert(key.into(), value);
+        self
+    }
+    pub fn final_answer(mut self) -> Self {
+        self.final_answer = true;
+        self
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+    pub fn invalid_parameter(message: impl Into<String>) -> Self {
+        Self::bad_request(message).code(codes::INVALID_PARAMETER)
+    }
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "permission_error", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found_error", message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict_error", message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", message)
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        match &err {
+            sqlx::Error::PoolTimedOut => {
+                tracing::warn!("database pool exhausted");
+                ApiError::unavailable("the database is busy; retry shortly")
+            }
+            _ => {
+                // The message may carry SQL details; keep it in the log, not the response.
+                tracing::error!(error = %err, request_id = current_request_id(), "database error");
+                ApiError::internal("internal error; the request changed nothing")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let request_id = current_request_id();
+        let mut error = json!({ "type": self.kind, "message": self.message });
+        if !self.details.is_empty() {
+            error["details"] = Value::Object(self.details);
+        }
+        let body = json!({ "type": "error", "error": error, "request_id": request_id });
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.final_answer {
+            response
+                .headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("false"));
+        }
+        response
+    }
+}

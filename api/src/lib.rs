@@ -1,0 +1,18 @@
+//! Mango control plane: Environments, Work leases and credentials on PostgreSQL.
+
+pub mod auth;
+pub mod context;
+pub mod error;
+pub mod extract;
+pub mod ids;
+pub mod lease;
+pub mod metadata;
+pub mod routes;
+pub mod server;
+pub mod store;
+pub mod wake;
+
+pub use context::{ApiContext, Settings};
+
+/// The embedded migrations in `migrations/`.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");

@@ -1,0 +1,379 @@
+//! `mango`: the control plane binary. `serve`, `migrate`, and `api-key`.
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use mango_api::store::keys::{self, CreateKeyError, KeyRow};
+use mango_api::{server, ApiContext, Settings, MIGRATOR};
+use mango_protocol::time;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "mango",
+    version,
+    about = "Mango Environment Work control plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct Database {
+    /// PostgreSQL URL of the lease store.
+    #[arg(long, env = "MANGO_DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Connections in the pool.
+    #[arg(long, env = "MANGO_DB_MAX_CONNECTIONS", default_value_t = 32)]
+    db_max_connections: u32,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API (runs pending migrations first unless --no-migrate).
+    Serve {
+        #[command(flatten)]
+        db: Database,
+        #[arg(long, env = "MANGO_LISTEN_ADDR", default_value = "127.0.0.1:8080")]
+        listen_addr: String,
+        #[arg(long)]
+        no_migrate: bool,
+        /// Lease TTL when a heartbeat asks for none (1..=300).
+        #[arg(long, env = "MANGO_DEFAULT_TTL_SECONDS", default_value_t = 120, value_parser = clap::value_parser!(i64).range(1..=300))]
+        default_ttl_seconds: i64,
+    },
+    /// Apply pending migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        db: Database,
+    },
+    /// Create, list and revoke Workspace and Environment keys.
+    #[command(subcommand)]
+    ApiKey(ApiKeyCommand),
+}
+
+#[derive(Subcommand)]
+enum ApiKeyCommand {
+    /// Create a key; with --environment it is an Environment key (Poll, Ack, Stats only).
+    Create {
+        #[command(flatten)]
+        db: Database,
+        #[arg(long)]
+        workspace: String,
+        #[arg(long)]
+        environment: Option<String>,
+        #[arg(long)]
+        label: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a workspace's keys (never their secrets).
+    List {
+        #[command(flatten)]
+        db: Database,
+        #[arg(long)]
+        workspace: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key; Poll and Ack in flight finish first, then the key stops working.
+    Revoke {
+        #[command(flatten)]
+        db: Database,
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The seed's commands use one dash (`-workspace W`); accept both spellings.
+const LONG_FLAGS: &[&str] = &[
+    "workspace",
+    "environment",
+    "label",
+    "id",
+    "json",
+    "database-url",
+    "db-max-connections",
+    "listen-addr",
+    "no-migrate",
+    "default-ttl-seconds",
+];
+
+fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
+    args.map(|arg| {
+        let Some(rest) = arg.strip_prefix('-').filter(|r| !r.starts_with('-')) else {
+            return arg;
+        };
+        let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+        if LONG_FLAGS.contains(&name) {
+            format!("--{rest}")
+        } else {
+            arg
+        }
+    })
+    .collect()
+}
+
+fn init_logging(default: &str) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("MANGO_LOG").unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn connect(db: &Database) -> anyhow::Result<PgPool> {
+    PgPoolOptions::new()
+        .max_connections(db.db_max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&db.database_url)
+        .await
+        .context("could not connect to MANGO_DATABASE_URL")
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down: finishing in-flight requests");
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse_from(normalize_args(std::env::args()));
+    match run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve {
+            db,
+            listen_addr,
+            no_migrate,
+            default_ttl_seconds,
+        } => {
+            init_logging("info");
+            let pool = connect(&db).await?;
+            if !no_migrate {
+                MIGRATOR.run(&pool).await.context("migration failed")?;
+            }
+            let listener = tokio::net::TcpListener::bind(&listen_addr)
+                .await
+                .with_context(|| format!("could not listen on {listen_addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "mango api listening");
+            let settings = Settings {
+                default_ttl_seconds,
+                ..Settings::default()
+            };
+            server::serve(ApiContext::new(pool, settings), listener, shutdown_signal()).await
+        }
+        Command::Migrate { db } => {
+            init_logging("warn");
+            let pool = connect(&db).await?;
+            MIGRATOR.run(&pool).await.context("migration failed")?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::ApiKey(cmd) => {
+            init_logging("warn");
+            api_key(cmd).await
+        }
+    }
+}
+
+fn key_json(key: &KeyRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": key.id, "kind": key.kind, "workspace_id": key.workspace_id,
+        "environment_id": key.environment_id, "label": key.label,
+        "created_at": time::format(&key.created_at),
+        "last_used_at": key.last_used_at.map(|t| time::format(&t)),
+        "revoked_at": key.revoked_at.map(|t| time::format(&t)),
+    })
+}
+
+fn short(ts: Option<time::Timestamp>) -> String {
+    ts.map_or_else(
+        || "-".to_string(),
+        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+    )
+}
+
+async fn api_key(cmd: ApiKeyCommand) -> anyhow::Result<()> {
+    match cmd {
+        ApiKeyCommand::Create {
+            db,
+            workspace,
+            environment,
+            label,
+            json,
+        } => {
+            let pool = connect(&db).await?;
+            let (key, secret) = match keys::create(
+                &pool,
+                &workspace,
+                environment.as_deref(),
+                &label,
+                time::now(),
+            )
+            .await
+            {
+                Ok(created) => created,
+                Err(CreateKeyError::Db(err)) => return Err(err.into()),
+                Err(err) => anyhow::bail!("{err}"),
+            };
+            if json {
+                let out = serde_json::json!({
+                    "id": key.id, "api_key": secret, "kind": key.kind, "workspace_id": key.workspace_id,
+                    "environment_id": key.environment_id, "label": key.label,
+                    "created_at": time::format(&key.created_at),
+                });
+                println!("{out}");
+            } else {
+                println!("Created {} key {} ({})", key.kind, key.id, key.label);
+                if let Some(env) = &key.environment_id {
+                    println!("Environment: {env} (may Poll, Ack and read Stats only)");
+                }
+                println!();
+                println!("  {secret}");
+                println!();
+                println!("Store it now: this is the only time the key is shown.");
+            }
+        }
+        ApiKeyCommand::List {
+            db,
+            workspace,
+            json,
+        } => {
+            let pool = connect(&db).await?;
+            let list = keys::list(&pool, &workspace).await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::Value::Array(list.iter().map(key_json).collect())
+                );
+            } else if list.is_empty() {
+                println!("No keys in workspace {workspace}.");
+            } else {
+                let rows: Vec<[String; 7]> = list
+                    .iter()
+                    .map(|k| {
+                        [
+                            k.id.clone(),
+                            k.label.clone(),
+                            k.kind.clone(),
+                            k.environment_id.clone().unwrap_or_else(|| "-".into()),
+                            short(Some(k.created_at)),
+                            short(k.last_used_at),
+                            short(k.revoked_at),
+                        ]
+                    })
+                    .collect();
+                print_table(
+                    &[
+                        "ID",
+                        "LABEL",
+                        "KIND",
+                        "ENVIRONMENT",
+                        "CREATED",
+                        "LAST USED",
+                        "REVOKED",
+                    ],
+                    &rows,
+                );
+            }
+        }
+        ApiKeyCommand::Revoke { db, id, json } => {
+            let pool = connect(&db).await?;
+            let Some(key) = keys::revoke(&pool, &id, time::now()).await? else {
+                anyhow::bail!("no key with id {id}");
+            };
+            if json {
+                println!("{}", key_json(&key));
+            } else {
+                println!(
+                    "Revoked {} ({}) at {}",
+                    key.id,
+                    key.label,
+                    short(key.revoked_at)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_dash_flags_become_two_and_values_are_untouched() {
+        let args = [
+            "mango",
+            "api-key",
+            "create",
+            "-workspace",
+            "w",
+            "-label",
+            "-json",
+            "-environment=e",
+            "-x",
+        ];
+        let out = normalize_args(args.iter().map(|s| s.to_string()));
+        assert_eq!(
+            out,
+            [
+                "mango",
+                "api-key",
+                "create",
+                "--workspace",
+                "w",
+                "--label",
+                "--json",
+                "--environment=e",
+                "-x"
+            ]
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! The HTTP surface: one router, a request-id middleware, health endpoints,
+//! and API-envelope answers for unknown routes and panics.
+
+pub mod environments;
+pub mod work;
+
+use crate::context::ApiContext;
+use crate::error::{ApiError, REQUEST_ID};
+use crate::extract::MAX_BODY_BYTES;
+use crate::ids;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use std::time::Instant;
+
+pub fn router(ctx: ApiContext) -> Router {
+    Router::new()
+        .merge(environments::router())
+        .merge(work::router())
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(ready))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method not allowed on this endpoint",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(request_context))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            ApiError::internal("internal error").into_response()
+        }))
+        .with_state(ctx)
+}
+
+async fn ready(State(ctx): State<ApiContext>) -> Response {
+    match sqlx::query("SELECT 1").execute(&ctx.db).await {
+        Ok(_) => Json(json!({"status": "ready"})).into_response(),
+        Err(_) => ApiError::unavailable("database unreachable").into_response(),
+    }
+}
+
+/// Gives every request an id (in the `request-id` header and any error body)
+/// and logs it; server errors at WARN, the rest at DEBUG.
+async fn request_context(req: Request, next: Next) -> Response {
+    let id = ids::new_id("req");
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = Instant::now();
+    let mut response = REQUEST_ID.scope(id.clone(), next.run(req)).await;
+    let status = response.status().as_u16();
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if status >= 500 {
+        tracing::warn!(request_id = %id, %method, %path, status, elapsed_ms, "request failed");
+    } else {
+        tracing::debug!(request_id = %id, %method, %path, status, elapsed_ms, "request");
+    }
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("request-id", value);
+    }
+    response
+}

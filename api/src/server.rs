@@ -1,0 +1,64 @@
+//! Running the api: the HTTP server, the wake-up listener and the sweeper.
+
+use crate::context::ApiContext;
+use crate::store::work;
+use crate::{routes, wake};
+use mango_protocol::time;
+use std::future::Future;
+use tokio::net::TcpListener;
+
+/// Serves until `shutdown` resolves, then finishes in-flight requests.
+pub async fn serve(
+    ctx: ApiContext,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let background = start_background(&ctx);
+    let app = routes::router(ctx);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    for task in background {
+        task.abort();
+    }
+    Ok(result?)
+}
+
+/// The LISTEN fan-out and the sweeper; both are per process and idempotent
+/// across replicas.
+pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
+    vec![
+        tokio::spawn(wake::listen(ctx.db.clone(), ctx.wake.clone())),
+        tokio::spawn(sweep_forever(ctx.clone())),
+    ]
+}
+
+async fn sweep_forever(ctx: ApiContext) {
+    let mut tick = tokio::time::interval(ctx.settings.sweep_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(err) = sweep_once(&ctx).await {
+            tracing::warn!(error = %err, "sweep failed");
+        }
+    }
+}
+
+/// Persists time-driven transitions (overdue checks, run-out stopping leases)
+/// that reads already show; a lost compare-and-set means a request did it first.
+pub async fn sweep_once(ctx: &ApiContext) -> sqlx::Result<usize> {
+    let now = time::now();
+    let mut moved = 0;
+    for row in work::due_for_reconcile(&ctx.db, now, 500).await? {
+        let next = row.lease().reconcile(now);
+        if next != row.lease()
+            && work::compare_and_set(&ctx.db, &row, &next, None)
+                .await?
+                .is_some()
+        {
+            moved += 1;
+        }
+    }
+    work::forget_old_workers(&ctx.db, now).await?;
+    Ok(moved)
+}

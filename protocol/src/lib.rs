@@ -1,0 +1,15 @@
+//! Wire types of the Mango Environment Work API: one definition shared by the
+//! control plane, the supervisor, the item runner and the tests.
+//!
+//! Shapes follow the official SDK's models (see `shared/reference/sdk-wire-contract.md`).
+
+pub mod environment;
+pub mod error;
+pub mod page;
+pub mod time;
+pub mod work;
+
+pub use environment::*;
+pub use error::*;
+pub use page::*;
+pub use work::*;
