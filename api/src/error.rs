@@ -93,13 +93,31 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+/// Every error carries a stable `details.error_code`; classes without a more
+/// specific one get a code named after their type.
+fn default_code(kind: &str) -> &'static str {
+    match kind {
+        "invalid_request_error" => "invalid_request",
+        "authentication_error" => "authentication_failed",
+        "permission_error" => "permission_denied",
+        "not_found_error" => "not_found",
+        "conflict_error" => "conflict",
+        "request_too_large" => "request_too_large",
+        "overloaded_error" => "overloaded",
+        _ => "internal_error",
+    }
+}
+
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
         let request_id = current_request_id();
-        let mut error = json!({ "type": self.kind, "message": self.message });
-        if !self.details.is_empty() {
-            error["details"] = Value::Object(self.details);
+        if !self.details.contains_key("error_code") {
+            self.details.insert(
+                "error_code".into(),
+                Value::String(default_code(self.kind).into()),
+            );
         }
+        let error = json!({ "type": self.kind, "message": self.message, "details": self.details });
         let body = json!({ "type": "error", "error": error, "request_id": request_id });
         let mut response = (self.status, axum::Json(body)).into_response();
         if self.final_answer {
