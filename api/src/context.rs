@@ -32,6 +32,7 @@ pub struct ApiContext {
     pub db: PgPool,
     pub settings: Arc<Settings>,
     pub wake: Arc<WakeHub>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
 }
 
@@ -45,6 +46,7 @@ impl ApiContext {
             db,
             settings: Arc::new(settings),
             wake: Arc::default(),
+            metrics: Arc::default(),
             sightings: Arc::default(),
         }
     }

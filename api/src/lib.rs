@@ -7,6 +7,7 @@ pub mod extract;
 pub mod ids;
 pub mod lease;
 pub mod metadata;
+pub mod metrics;
 pub mod routes;
 pub mod server;
 pub mod store;

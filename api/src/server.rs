@@ -57,6 +57,7 @@ pub async fn sweep_once(ctx: &ApiContext) -> sqlx::Result<usize> {
                 .is_some()
         {
             moved += 1;
+            crate::metrics::Metrics::count(&ctx.metrics.swept);
         }
     }
     work::forget_old_workers(&ctx.db, now).await?;

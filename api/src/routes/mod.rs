@@ -23,6 +23,10 @@ pub fn router(ctx: ApiContext) -> Router {
         .merge(work::router())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(ready))
+        .route(
+            "/metrics",
+            get(|State(ctx): State<ApiContext>| async move { ctx.metrics.render() }),
+        )
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -32,7 +36,7 @@ pub fn router(ctx: ApiContext) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn(request_context))
+        .layer(middleware::from_fn_with_state(ctx.clone(), request_context))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             ApiError::internal("internal error").into_response()
         }))
@@ -48,13 +52,14 @@ async fn ready(State(ctx): State<ApiContext>) -> Response {
 
 /// Gives every request an id (in the `request-id` header and any error body)
 /// and logs it; server errors at WARN, the rest at DEBUG.
-async fn request_context(req: Request, next: Next) -> Response {
+async fn request_context(State(ctx): State<ApiContext>, req: Request, next: Next) -> Response {
     let id = ids::new_id("req");
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = Instant::now();
     let mut response = REQUEST_ID.scope(id.clone(), next.run(req)).await;
     let status = response.status().as_u16();
+    ctx.metrics.response(status);
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
     if status >= 500 {
         tracing::warn!(request_id = %id, %method, %path, status, elapsed_ms, "request failed");

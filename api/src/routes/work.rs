@@ -9,6 +9,7 @@ use crate::extract::{check_len, Body, Params, RawBody};
 use crate::lease::{
     self, AckError, Completion, Kind, Lease, ResultError, StopError, TokenRejection, TokenUse,
 };
+use crate::metrics::Metrics;
 use crate::store::environments::{self, EnvironmentRow};
 use crate::store::keys::KeyRow;
 use crate::store::work::{self, WorkRow};
@@ -348,6 +349,10 @@ async fn poll(
         if let Some(row) =
             work::claim(&ctx.db, &env, &key.id, now, reclaim, &ids::sha256(&token)).await?
         {
+            Metrics::count(&ctx.metrics.claims);
+            if row.claim_epoch > 1 {
+                Metrics::count(&ctx.metrics.reclaims);
+            }
             let lease = row.lease().reconcile(now);
             return Ok(
                 Json(row.render(&lease, Some(ids::encode_work_secret(&token)))).into_response(),
@@ -362,6 +367,7 @@ async fn poll(
             _ = tokio::time::sleep_until(deadline) => break,
         }
     }
+    Metrics::count(&ctx.metrics.empty_polls);
     Ok(Json(Value::Null).into_response())
 }
 
@@ -390,6 +396,7 @@ async fn ack(
             .final_answer()),
     })
     .await?;
+    Metrics::count(&ctx.metrics.acks);
     Ok(respond(&row, &lease))
 }
 
@@ -463,7 +470,7 @@ async fn heartbeat(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let (_, lease, beat) = transition(&ctx, row, Fence::Token(&digest), |current, now| {
+    let beat = transition(&ctx, row, Fence::Token(&digest), |current, now| {
         current
             .admits_token(TokenUse::Heartbeat, now)
             .map_err(token_rejected)?;
@@ -471,7 +478,15 @@ async fn heartbeat(
             .heartbeat(expected, ttl, now, default_ttl)
             .map_err(|_| precondition_failed(current))
     })
-    .await?;
+    .await;
+    if beat
+        .as_ref()
+        .is_err_and(|e| e.status == StatusCode::PRECONDITION_FAILED)
+    {
+        Metrics::count(&ctx.metrics.heartbeat_precondition_failures);
+    }
+    let (_, lease, beat) = beat?;
+    Metrics::count(&ctx.metrics.heartbeats);
     Ok(Json(HeartbeatResponse {
         kind: "work_heartbeat".into(),
         last_heartbeat: lease
@@ -530,6 +545,7 @@ async fn stop(
             transition(&ctx, row, Fence::Token(&digest), rule(true)).await?;
         }
     }
+    Metrics::count(&ctx.metrics.stops);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -581,6 +597,7 @@ async fn result(
         })
     })
     .await?;
+    Metrics::count(&ctx.metrics.results);
     Ok(respond(&row, &lease))
 }
 
@@ -629,5 +646,6 @@ async fn fail(
             .map_err(|StopError::AlreadyStopped| already_stopped(&id))
     })
     .await?;
+    Metrics::count(&ctx.metrics.fails);
     Ok(respond(&row, &lease))
 }

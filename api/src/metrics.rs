@@ -1,0 +1,80 @@
+//! Prometheus metrics for the api process, in the text exposition format.
+//! Plain atomics: a handful of counters does not need a registry crate.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+macro_rules! counters {
+    ($($field:ident => $name:literal, $help:literal;)*) => {
+        #[derive(Default)]
+        pub struct Metrics {
+            $(pub $field: AtomicU64,)*
+            /// Responses by status class: 2xx, 3xx, 4xx, 5xx.
+            pub responses: [AtomicU64; 4],
+        }
+
+        impl Metrics {
+            pub fn render(&self) -> String {
+                let mut out = String::new();
+                $(
+                    let _ = writeln!(out, "# HELP {} {}\n# TYPE {} counter\n{} {}", $name, $help, $name, $name, self.$field.load(Relaxed));
+                )*
+                let _ = writeln!(out, "# HELP mango_http_responses_total HTTP responses by status class.\n# TYPE mango_http_responses_total counter");
+                for (i, class) in ["2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+                    let _ = writeln!(out, "mango_http_responses_total{{class=\"{class}\"}} {}", self.responses[i].load(Relaxed));
+                }
+                out
+            }
+        }
+    };
+}
+
+counters! {
+    claims => "mango_work_claims_total", "Work items claimed by Poll (first claims and reclaims).";
+    reclaims => "mango_work_reclaims_total", "Claims that took an item from an earlier claim (stale pending claim or lost lease).";
+    empty_polls => "mango_work_empty_polls_total", "Polls that returned null.";
+    acks => "mango_work_acks_total", "Successful Acks.";
+    heartbeats => "mango_work_heartbeats_total", "Successful heartbeats.";
+    heartbeat_precondition_failures => "mango_work_heartbeat_precondition_failures_total", "Heartbeats answered 412.";
+    stops => "mango_work_stops_total", "Successful Stop requests.";
+    results => "mango_work_results_total", "Healthcheck results stored.";
+    fails => "mango_work_fails_total", "Work items ended by Fail.";
+    swept => "mango_work_swept_total", "Time-driven transitions persisted by the sweeper.";
+}
+
+impl Metrics {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub fn response(&self, status: u16) {
+        let class = match status {
+            200..=299 => 0,
+            300..=399 => 1,
+            400..=499 => 2,
+            _ => 3,
+        };
+        self.responses[class].fetch_add(1, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_counter_with_help_and_type() {
+        let m = Metrics::default();
+        Metrics::count(&m.claims);
+        Metrics::count(&m.claims);
+        m.response(204);
+        m.response(503);
+        let text = m.render();
+        assert!(
+            text.contains("# TYPE mango_work_claims_total counter\nmango_work_claims_total 2\n")
+        );
+        assert!(text.contains("mango_http_responses_total{class=\"2xx\"} 1\n"));
+        assert!(text.contains("mango_http_responses_total{class=\"5xx\"} 1\n"));
+        assert!(text.contains("mango_work_swept_total 0\n"));
+    }
+}
