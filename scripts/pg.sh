@@ -35,7 +35,18 @@ if [ "$(id -u)" = 0 ]; then
 fi
 
 mkdir -p "$DATA" "$SOCK"
-if [ "$(id -u)" = 0 ]; then chown -R postgres: "$STATE/pg"; fi
+if [ "$(id -u)" = 0 ]; then
+  chown -R postgres: "$STATE/pg"
+  # A checkout under a private home (e.g. /root) is not reachable by `postgres`;
+  # keep the cluster in a system folder named after the checkout instead.
+  if ! runuser -u postgres -- test -w "$DATA"; then
+    ALT="/var/lib/mango-dev/$(echo -n "$ROOT" | sha256sum | cut -c1-12)"
+    log "$STATE is not reachable by the postgres user; using $ALT"
+    mkdir -p "$ALT/data" "$ALT/run"
+    chown -R postgres: "$ALT"
+    DATA="$ALT/data"; SOCK="$ALT/run"; LOGFILE="$ALT/server.log"
+  fi
+fi
 chmod 700 "$DATA"
 
 if [ ! -f "$DATA/PG_VERSION" ]; then
@@ -57,7 +68,7 @@ fi
 
 if ! "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
   log "starting PostgreSQL on 127.0.0.1:$PORT"
-  "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" -l "$STATE/pg/server.log" -w -t 60 start >/dev/null
+  "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" -l "${LOGFILE:-$STATE/pg/server.log}" -w -t 60 start >/dev/null
 fi
 "$BINDIR/psql" -h 127.0.0.1 -p "$PORT" -U mango -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='mango'" | grep -q 1 \
   || "$BINDIR/createdb" -h 127.0.0.1 -p "$PORT" -U mango mango
