@@ -16,10 +16,22 @@ async fn metrics_count_the_lease_operations(db: sqlx::PgPool) {
     let app = TestApp::start(db).await;
     assert!(app.poll().await.is_none());
     let (claim, last) = app.active_check().await;
-    app.heartbeat(&claim.id, &claim.token, "2020-01-01T00:00:00Z").await.expect(412);
-    app.heartbeat(&claim.id, &claim.token, &last).await.expect(200);
+    app.heartbeat(&claim.id, &claim.token, "2020-01-01T00:00:00Z")
+        .await
+        .expect(412);
+    app.heartbeat(&claim.id, &claim.token, &last)
+        .await
+        .expect(200);
 
-    let text = app.http.get(format!("{}/metrics", app.base)).send().await.unwrap().text().await.unwrap();
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let value = |name: &str| -> u64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
