@@ -113,6 +113,13 @@ async fn transition<T>(
             }
         };
         if next == stored {
+            // Nothing to write, so no fenced statement checks the key: ask directly,
+            // or a key revoked since authentication could still "Ack again".
+            if let Some(key_id) = key {
+                if !keys::is_live(&ctx.db, key_id).await? {
+                    return Err(ApiError::unauthenticated("invalid or revoked API key"));
+                }
+            }
             return Ok((row, next, outcome));
         }
         if let Some(saved) = work::compare_and_set(&ctx.db, &row, &next, key).await? {

@@ -43,11 +43,28 @@ impl Reply {
     /// Asserts the status and that an error reply is a complete envelope.
     #[track_caller]
     pub fn expect(&self, status: u16) -> &Self {
-        assert_eq!(self.status.as_u16(), status, "unexpected status; body: {}", self.body);
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "unexpected status; body: {}",
+            self.body
+        );
         if status >= 400 {
             assert_eq!(self.body["type"], "error", "error envelope: {}", self.body);
-            assert!(self.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", self.body);
-            assert!(self.body["request_id"].as_str().is_some_and(|r| r.starts_with("req_")), "{}", self.body);
+            assert!(
+                self.body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{}",
+                self.body
+            );
+            assert!(
+                self.body["request_id"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("req_")),
+                "{}",
+                self.body
+            );
             assert_eq!(
                 self.headers.get("request-id").and_then(|v| v.to_str().ok()),
                 self.body["request_id"].as_str(),
@@ -83,8 +100,13 @@ impl TestApp {
             .await
             .unwrap();
         });
-        let (_, ws_key) = keys::create(&db, "wrkspc_default", None, "test operator", time::now()).await.unwrap();
-        let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap();
+        let (_, ws_key) = keys::create(&db, "wrkspc_default", None, "test operator", time::now())
+            .await
+            .unwrap();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap();
         let mut app = TestApp {
             base,
             http,
@@ -106,18 +128,39 @@ impl TestApp {
     }
 
     pub async fn create_environment(&self, name: &str) -> String {
-        let r = self.call(Method::POST, "/v1/environments", Some(&self.ws_key), Some(json!({"name": name}))).await;
+        let r = self
+            .call(
+                Method::POST,
+                "/v1/environments",
+                Some(&self.ws_key),
+                Some(json!({"name": name})),
+            )
+            .await;
         r.expect(200);
         r.body["id"].as_str().unwrap().to_string()
     }
 
     /// (key id, secret) of a new Environment key bound to `env`.
     pub async fn environment_key(&self, env: &str) -> (String, String) {
-        let (row, secret) = keys::create(&self.db, "wrkspc_default", Some(env), "test supervisor", time::now()).await.unwrap();
+        let (row, secret) = keys::create(
+            &self.db,
+            "wrkspc_default",
+            Some(env),
+            "test supervisor",
+            time::now(),
+        )
+        .await
+        .unwrap();
         (row.id, secret)
     }
 
-    pub async fn call(&self, method: Method, path: &str, credential: Option<&str>, body: Option<Value>) -> Reply {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        credential: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if let Some(c) = credential {
             req = req.bearer_auth(c);
@@ -129,7 +172,13 @@ impl TestApp {
     }
 
     /// Sends `raw` bytes as the body with a JSON content type.
-    pub async fn call_raw(&self, method: Method, path: &str, credential: Option<&str>, raw: &str) -> Reply {
+    pub async fn call_raw(
+        &self,
+        method: Method,
+        path: &str,
+        credential: Option<&str>,
+        raw: &str,
+    ) -> Reply {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -145,8 +194,16 @@ impl TestApp {
         let status = resp.status();
         let headers = resp.headers().clone();
         let text = resp.text().await.unwrap();
-        let body = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
-        Reply { status, headers, body }
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
     }
 
     pub fn work_path(&self, suffix: &str) -> String {
@@ -156,7 +213,12 @@ impl TestApp {
     /// Creates a healthcheck with the Workspace key; returns its id.
     pub async fn create_check(&self) -> String {
         let r = self
-            .call(Method::POST, &self.work_path(""), Some(&self.ws_key), Some(json!({"data": {"type": "healthcheck"}})))
+            .call(
+                Method::POST,
+                &self.work_path(""),
+                Some(&self.ws_key),
+                Some(json!({"data": {"type": "healthcheck"}})),
+            )
             .await;
         r.expect(201);
         r.body["id"].as_str().unwrap().to_string()
@@ -168,7 +230,14 @@ impl TestApp {
     }
 
     pub async fn poll_query(&self, query: &str) -> Option<Claim> {
-        let r = self.call(Method::GET, &self.work_path(&format!("/poll{query}")), Some(&self.env_key), None).await;
+        let r = self
+            .call(
+                Method::GET,
+                &self.work_path(&format!("/poll{query}")),
+                Some(&self.env_key),
+                None,
+            )
+            .await;
         r.expect(200);
         if r.body.is_null() {
             return None;
@@ -177,12 +246,22 @@ impl TestApp {
     }
 
     pub async fn ack(&self, id: &str) -> Reply {
-        self.call(Method::POST, &self.work_path(&format!("/{id}/ack")), Some(&self.env_key), None).await
+        self.call(
+            Method::POST,
+            &self.work_path(&format!("/{id}/ack")),
+            Some(&self.env_key),
+            None,
+        )
+        .await
     }
 
     pub async fn heartbeat(&self, id: &str, token: &str, expected: &str) -> Reply {
-        let q = format!("/{id}/heartbeat?expected_last_heartbeat={}", urlencode(expected));
-        self.call(Method::POST, &self.work_path(&q), Some(token), None).await
+        let q = format!(
+            "/{id}/heartbeat?expected_last_heartbeat={}",
+            urlencode(expected)
+        );
+        self.call(Method::POST, &self.work_path(&q), Some(token), None)
+            .await
     }
 
     /// Poll → Ack → first heartbeat: an active lease. Returns the claim and its last_heartbeat.
@@ -190,14 +269,23 @@ impl TestApp {
         self.create_check().await;
         let claim = self.poll().await.expect("an item to claim");
         self.ack(&claim.id).await.expect(200);
-        let hb = self.heartbeat(&claim.id, &claim.token, "NO_HEARTBEAT").await;
+        let hb = self
+            .heartbeat(&claim.id, &claim.token, "NO_HEARTBEAT")
+            .await;
         hb.expect(200);
         let last = hb.body["last_heartbeat"].as_str().unwrap().to_string();
         (claim, last)
     }
 
     pub async fn get_work(&self, id: &str) -> Value {
-        let r = self.call(Method::GET, &self.work_path(&format!("/{id}")), Some(&self.ws_key), None).await;
+        let r = self
+            .call(
+                Method::GET,
+                &self.work_path(&format!("/{id}")),
+                Some(&self.ws_key),
+                None,
+            )
+            .await;
         r.expect(200);
         r.body
     }
@@ -206,14 +294,23 @@ impl TestApp {
 pub fn claim_of(work: Value) -> Claim {
     let secret = work["secret"].as_str().expect("Poll returns a secret");
     let token = sessions_token(secret);
-    Claim { id: work["id"].as_str().unwrap().to_string(), work, token }
+    Claim {
+        id: work["id"].as_str().unwrap().to_string(),
+        work,
+        token,
+    }
 }
 
 /// Decodes a Work secret the way the SDK does.
 pub fn sessions_token(secret: &str) -> String {
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(secret).expect("URL-safe base64 without padding");
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(secret)
+        .expect("URL-safe base64 without padding");
     let payload: Value = serde_json::from_slice(&raw).expect("JSON payload");
-    payload["sessions_token"].as_str().expect("sessions_token").to_string()
+    payload["sessions_token"]
+        .as_str()
+        .expect("sessions_token")
+        .to_string()
 }
 
 pub fn urlencode(s: &str) -> String {
