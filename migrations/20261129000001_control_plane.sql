@@ -72,7 +72,10 @@ CREATE INDEX work_claimable ON work (environment_id, created_at, id)
 CREATE INDEX work_newest_first ON work (environment_id, created_at DESC, id DESC);
 CREATE INDEX work_overdue_checks ON work (expires_at)
     WHERE kind = 'healthcheck' AND state <> 'stopped';
-CREATE INDEX work_stopping_leases ON work (lease_expires_at) WHERE state = 'stopping';
+-- Indexed on a column heartbeats never change, so a steady heartbeat touches
+-- no indexed column and PostgreSQL can update the row in place (HOT).
+CREATE INDEX work_stopping ON work (stop_requested_at) WHERE state = 'stopping';
+ALTER TABLE work SET (fillfactor = 85);
 
 -- Wake long-polls on any insert; LISTEN is only a hint, pollers always re-query.
 CREATE FUNCTION work_notify_available() RETURNS trigger LANGUAGE plpgsql AS $$

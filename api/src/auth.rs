@@ -10,6 +10,7 @@ use crate::store::keys::{self, KeyRow};
 use crate::store::work::{self, WorkRow};
 use axum::http::HeaderMap;
 use mango_protocol::time;
+use sqlx::PgConnection;
 
 pub enum Principal {
     Workspace(KeyRow),
@@ -48,11 +49,15 @@ fn presented(headers: &HeaderMap) -> ApiResult<String> {
     ))
 }
 
-pub async fn authenticate(ctx: &ApiContext, headers: &HeaderMap) -> ApiResult<Principal> {
+pub async fn authenticate(
+    ctx: &ApiContext,
+    conn: &mut PgConnection,
+    headers: &HeaderMap,
+) -> ApiResult<Principal> {
     let secret = presented(headers)?;
     let digest = ids::sha256(&secret);
     if secret.starts_with(ids::SESSIONS_TOKEN_PREFIX) {
-        return match work::find_by_token(&ctx.db, &digest).await? {
+        return match work::find_by_token(&mut *conn, &digest).await? {
             Some(row) => Ok(Principal::Token(Box::new(row))),
             None => Err(ApiError::unauthenticated(
                 "invalid sessions token: it was never issued, or a newer claim replaced it",
@@ -64,7 +69,7 @@ pub async fn authenticate(ctx: &ApiContext, headers: &HeaderMap) -> ApiResult<Pr
     {
         return Err(ApiError::unauthenticated("invalid credential"));
     }
-    let key = match keys::find_by_secret(&ctx.db, &digest).await? {
+    let key = match keys::find_by_secret(&mut *conn, &digest).await? {
         Some(key) if key.revoked_at.is_none() => key,
         _ => return Err(ApiError::unauthenticated("invalid or revoked API key")),
     };
@@ -168,4 +173,40 @@ impl Principal {
             Principal::Token(_) => "sessions_token",
         }
     }
+}
+
+/// How long Poll and Ack may reuse an Environment key lookup.
+const KEY_LOOKUP_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Poll and Ack's authentication: an Environment key bound to `environment_id`.
+///
+/// The lookup is reused for a moment because it only *identifies* the key:
+/// whether it may still claim or acknowledge is decided inside the claim and
+/// Ack statements themselves, which share-lock the key row and find nothing
+/// once it is revoked (the handler then answers 401). Other endpoints always
+/// look keys up afresh.
+pub async fn environment_key_for_lease(
+    ctx: &ApiContext,
+    conn: &mut PgConnection,
+    headers: &HeaderMap,
+    environment_id: &str,
+    what: &str,
+) -> ApiResult<KeyRow> {
+    let secret = presented(headers)?;
+    if secret.starts_with(ids::ENVIRONMENT_KEY_PREFIX)
+        && headers.get("anthropic-workspace-id").is_none()
+    {
+        let digest = ids::sha256(&secret);
+        if let Some(key) = ctx.recent_key(&digest, KEY_LOOKUP_REUSE) {
+            return Principal::Environment(key).environment_key(environment_id, what);
+        }
+        let principal = authenticate(ctx, conn, headers).await?;
+        if let Principal::Environment(key) = &principal {
+            ctx.remember_key(digest, key.clone());
+        }
+        return principal.environment_key(environment_id, what);
+    }
+    authenticate(ctx, conn, headers)
+        .await?
+        .environment_key(environment_id, what)
 }

@@ -1,3 +1,4 @@
+use crate::store::keys::KeyRow;
 use crate::wake::WakeHub;
 use chrono::Duration;
 use sqlx::PgPool;
@@ -26,6 +27,9 @@ impl Default for Settings {
     }
 }
 
+/// Environment keys by secret digest, with when they were looked up.
+type KeyLookups = HashMap<Vec<u8>, (KeyRow, Instant)>;
+
 /// Everything a handler needs, cloned per request.
 #[derive(Clone)]
 pub struct ApiContext {
@@ -34,6 +38,7 @@ pub struct ApiContext {
     pub wake: Arc<WakeHub>,
     pub metrics: Arc<crate::metrics::Metrics>,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    recent_keys: Arc<Mutex<KeyLookups>>,
 }
 
 /// A worker id is written to the store at most this often per process; stats
@@ -48,7 +53,25 @@ impl ApiContext {
             wake: Arc::default(),
             metrics: Arc::default(),
             sightings: Arc::default(),
+            recent_keys: Arc::default(),
         }
+    }
+
+    /// An Environment key looked up less than `max_age` ago (see `auth::environment_key_for_lease`).
+    pub fn recent_key(&self, digest: &[u8], max_age: std::time::Duration) -> Option<KeyRow> {
+        let cache = self.recent_keys.lock().expect("key cache lock");
+        cache
+            .get(digest)
+            .filter(|(_, at)| at.elapsed() < max_age)
+            .map(|(key, _)| key.clone())
+    }
+
+    pub fn remember_key(&self, digest: Vec<u8>, key: KeyRow) {
+        let mut cache = self.recent_keys.lock().expect("key cache lock");
+        if cache.len() > 1_000 {
+            cache.clear();
+        }
+        cache.insert(digest, (key, Instant::now()));
     }
 
     /// Records that `worker_id` polled, off the request path and throttled.

@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod context;
+pub mod db;
 pub mod error;
 pub mod extract;
 pub mod ids;

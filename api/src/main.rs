@@ -5,9 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use mango_api::store::keys::{self, CreateKeyError, KeyRow};
 use mango_api::{server, ApiContext, Settings, MIGRATOR};
 use mango_protocol::time;
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
-use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -26,7 +24,7 @@ struct Database {
     #[arg(long, env = "MANGO_DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Connections in the pool.
-    #[arg(long, env = "MANGO_DB_MAX_CONNECTIONS", default_value_t = 32)]
+    #[arg(long, env = "MANGO_DB_MAX_CONNECTIONS", default_value_t = 10)]
     db_max_connections: u32,
 }
 
@@ -129,9 +127,7 @@ fn init_logging(default: &str) {
 }
 
 async fn connect(db: &Database) -> anyhow::Result<PgPool> {
-    PgPoolOptions::new()
-        .max_connections(db.db_max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+    mango_api::db::pool_options(db.db_max_connections)
         .connect(&db.database_url)
         .await
         .context("could not connect to MANGO_DATABASE_URL")

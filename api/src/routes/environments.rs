@@ -91,7 +91,8 @@ async fn create(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Creating an Environment")?;
     let body = Body::parse(&bytes, FIELDS)?;
@@ -118,10 +119,11 @@ async fn retrieve(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Reading an Environment")?;
-    let row = environments::find(&ctx.db, &key.workspace_id, &env)
+    let row = environments::find(&mut *conn, &key.workspace_id, &env)
         .await?
         .ok_or_else(|| not_found(&env))?;
     Ok(Json(row.render()).into_response())
@@ -133,11 +135,12 @@ async fn update(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Updating an Environment")?;
     let body = Body::parse_optional(&bytes, FIELDS)?;
-    let mut row = environments::find(&ctx.db, &key.workspace_id, &env)
+    let mut row = environments::find(&mut *conn, &key.workspace_id, &env)
         .await?
         .ok_or_else(|| not_found(&env))?;
     if row.archived_at.is_some() {
@@ -185,7 +188,8 @@ async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Listing Environments")?;
     let params = Params::parse(query.as_deref());
@@ -222,7 +226,8 @@ async fn delete(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Deleting an Environment")?;
     if !environments::delete(&ctx.db, &key.workspace_id, &env).await? {
@@ -241,10 +246,11 @@ async fn archive(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Archiving an Environment")?;
-    let mut row = environments::find(&ctx.db, &key.workspace_id, &env)
+    let mut row = environments::find(&mut *conn, &key.workspace_id, &env)
         .await?
         .ok_or_else(|| not_found(&env))?;
     if row.archived_at.is_none() {

@@ -2,7 +2,7 @@
 //! Each handler authenticates, checks the credential's scope, parses its input
 //! and applies one rule of [`crate::lease`] through [`transition`].
 
-use crate::auth::{authenticate, Principal};
+use crate::auth::{authenticate, environment_key_for_lease, Principal};
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_len, Body, Params, RawBody};
@@ -27,6 +27,7 @@ use mango_protocol::{
     NO_HEARTBEAT,
 };
 use serde_json::Value;
+use sqlx::PgConnection;
 
 pub const MAX_RESULT_MESSAGE_CHARS: usize = 1024;
 pub const MAX_WORKER_ID_CHARS: usize = 256;
@@ -53,8 +54,12 @@ pub fn router() -> Router<ApiContext> {
 
 // ------------------------------------------------------------------ helpers
 
-async fn environment_of(ctx: &ApiContext, key: &KeyRow, env: &str) -> ApiResult<EnvironmentRow> {
-    environments::find(&ctx.db, &key.workspace_id, env)
+async fn environment_of(
+    conn: &mut PgConnection,
+    key: &KeyRow,
+    env: &str,
+) -> ApiResult<EnvironmentRow> {
+    environments::find(&mut *conn, &key.workspace_id, env)
         .await?
         .ok_or_else(|| {
             ApiError::not_found(format!("environment {env} not found"))
@@ -62,8 +67,8 @@ async fn environment_of(ctx: &ApiContext, key: &KeyRow, env: &str) -> ApiResult<
         })
 }
 
-async fn work_of(ctx: &ApiContext, env: &str, work_id: &str) -> ApiResult<WorkRow> {
-    work::find(&ctx.db, env, work_id).await?.ok_or_else(|| {
+async fn work_of(conn: &mut PgConnection, env: &str, work_id: &str) -> ApiResult<WorkRow> {
+    work::find(&mut *conn, env, work_id).await?.ok_or_else(|| {
         ApiError::not_found(format!("work {work_id} not found in environment {env}"))
             .code(codes::WORK_NOT_FOUND)
     })
@@ -89,7 +94,7 @@ const MAX_ATTEMPTS: usize = 16;
 /// compare-and-set; when another writer got there first, re-reads and re-decides.
 /// A refused rule still persists time-driven reconciliation (e.g. `timed_out`).
 async fn transition<T>(
-    ctx: &ApiContext,
+    conn: &mut PgConnection,
     mut row: WorkRow,
     fence: Fence<'_>,
     rule: impl Fn(&Lease, Timestamp) -> ApiResult<(Lease, T)>,
@@ -107,7 +112,7 @@ async fn transition<T>(
             Err(refusal) => {
                 if current != stored {
                     // Best effort: a lost race here only means someone else wrote first.
-                    let _ = work::compare_and_set(&ctx.db, &row, &current, None).await;
+                    let _ = work::compare_and_set(&mut *conn, &row, &current, None).await;
                 }
                 return Err(refusal);
             }
@@ -116,21 +121,21 @@ async fn transition<T>(
             // Nothing to write, so no fenced statement checks the key: ask directly,
             // or a key revoked since authentication could still "Ack again".
             if let Some(key_id) = key {
-                if !keys::is_live(&ctx.db, key_id).await? {
+                if !keys::is_live(&mut *conn, key_id).await? {
                     return Err(ApiError::unauthenticated("invalid or revoked API key"));
                 }
             }
             return Ok((row, next, outcome));
         }
-        if let Some(saved) = work::compare_and_set(&ctx.db, &row, &next, key).await? {
+        if let Some(saved) = work::compare_and_set(&mut *conn, &row, &next, key).await? {
             return Ok((saved, next, outcome));
         }
         if let Some(key_id) = key {
-            if !keys::is_live(&ctx.db, key_id).await? {
+            if !keys::is_live(&mut *conn, key_id).await? {
                 return Err(ApiError::unauthenticated("invalid or revoked API key"));
             }
         }
-        row = work_of(ctx, &row.environment_id, &row.id).await?;
+        row = work_of(conn, &row.environment_id, &row.id).await?;
         if let Fence::Token(digest) = fence {
             if row.token_sha256.as_deref() != Some(digest) {
                 return Err(ApiError::unauthenticated(
@@ -161,10 +166,11 @@ async fn create(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Creating Work")?;
-    let environment = environment_of(&ctx, &key, &env).await?;
+    let environment = environment_of(&mut conn, &key, &env).await?;
     let body = Body::parse(&bytes, &["data", "metadata"])?;
     let data = body.required("data")?;
     match data.get("type").and_then(Value::as_str) {
@@ -192,7 +198,7 @@ async fn create(
     let lease = Lease::new(Kind::Healthcheck, now, ctx.settings.default_ttl_seconds);
     let id = ids::new_id("work");
     let row = work::insert(
-        &ctx.db,
+        &mut *conn,
         work::NewWork {
             id: &id,
             environment_id: &env,
@@ -211,11 +217,12 @@ async fn retrieve(
     Path((env, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Reading Work")?;
-    environment_of(&ctx, &key, &env).await?;
-    Ok(render_now(&work_of(&ctx, &env, &id).await?))
+    environment_of(&mut conn, &key, &env).await?;
+    Ok(render_now(&work_of(&mut conn, &env, &id).await?))
 }
 
 /// Update merges metadata: a string upserts, null deletes.
@@ -225,10 +232,11 @@ async fn update(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Updating Work")?;
-    environment_of(&ctx, &key, &env).await?;
+    environment_of(&mut conn, &key, &env).await?;
     let body = Body::parse(&bytes, &["metadata"])?;
     let patch = match body.get("metadata") {
         None | Some(Value::Null) => None,
@@ -239,16 +247,16 @@ async fn update(
             )
         }
     };
-    let mut row = work_of(&ctx, &env, &id).await?;
+    let mut row = work_of(&mut conn, &env, &id).await?;
     let Some(patch) = patch else {
         return Ok(render_now(&row));
     };
     for _ in 0..MAX_ATTEMPTS {
         let merged = metadata::merge(&row.metadata_map(), &patch, false)?;
-        if let Some(saved) = work::set_metadata(&ctx.db, &row, &merged).await? {
+        if let Some(saved) = work::set_metadata(&mut *conn, &row, &merged).await? {
             return Ok(render_now(&saved));
         }
-        row = work_of(&ctx, &env, &id).await?;
+        row = work_of(&mut conn, &env, &id).await?;
     }
     Err(ApiError::unavailable(
         "the Work item is changing too fast; retry",
@@ -262,10 +270,11 @@ async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
         .await?
         .workspace_key("Listing Work")?;
-    environment_of(&ctx, &key, &env).await?;
+    environment_of(&mut conn, &key, &env).await?;
     let params = Params::parse(query.as_deref());
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let after = params
@@ -273,7 +282,7 @@ async fn list(
         .filter(|p| !p.is_empty())
         .map(cursor::decode)
         .transpose()?;
-    let mut rows = work::list(&ctx.db, &env, after, limit + 1).await?;
+    let mut rows = work::list(&mut *conn, &env, after, limit + 1).await?;
     let next_page = if rows.len() as i64 > limit {
         rows.truncate(limit as usize);
         rows.last().map(|r| cursor::encode(&r.created_at, &r.id))
@@ -294,15 +303,16 @@ async fn stats(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    match authenticate(&ctx, &headers).await? {
+    let mut conn = ctx.db.acquire().await?;
+    match authenticate(&ctx, &mut conn, &headers).await? {
         Principal::Workspace(key) => {
-            environment_of(&ctx, &key, &env).await?;
+            environment_of(&mut conn, &key, &env).await?;
         }
         other => {
             other.environment_key(&env, "Work stats")?;
         }
     }
-    let s = work::stats(&ctx.db, &env, time::now(), ctx.settings.default_reclaim).await?;
+    let s = work::stats(&mut *conn, &env, time::now(), ctx.settings.default_reclaim).await?;
     Ok(Json(QueueStats {
         kind: "work_queue_stats".into(),
         depth: s.depth,
@@ -323,9 +333,10 @@ async fn poll(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
-        .await?
-        .environment_key(&env, "Poll")?;
+    // Held only while querying: a blocked Poll waits without a connection.
+    let mut held = Some(ctx.db.acquire().await?);
+    let conn = held.as_mut().expect("just acquired");
+    let key = environment_key_for_lease(&ctx, conn, &headers, &env, "Poll").await?;
     let params = Params::parse(query.as_deref());
     let block_ms = params.int("block_ms", 1, 999)?;
     let reclaim = params
@@ -351,10 +362,21 @@ async fn poll(
         tokio::pin!(woken);
         woken.as_mut().enable();
 
+        let mut conn = match held.take() {
+            Some(conn) => conn,
+            None => ctx.db.acquire().await?,
+        };
         let token = ids::new_secret(ids::SESSIONS_TOKEN_PREFIX);
         let now = time::now();
-        if let Some(row) =
-            work::claim(&ctx.db, &env, &key.id, now, reclaim, &ids::sha256(&token)).await?
+        if let Some(row) = work::claim(
+            &mut *conn,
+            &env,
+            &key.id,
+            now,
+            reclaim,
+            &ids::sha256(&token),
+        )
+        .await?
         {
             Metrics::count(&ctx.metrics.claims);
             if row.claim_epoch > 1 {
@@ -365,9 +387,10 @@ async fn poll(
                 Json(row.render(&lease, Some(ids::encode_work_secret(&token)))).into_response(),
             );
         }
-        if !keys::is_live(&ctx.db, &key.id).await? {
+        if !keys::is_live(&mut *conn, &key.id).await? {
             return Err(ApiError::unauthenticated("invalid or revoked API key"));
         }
+        drop(conn);
         let Some(deadline) = deadline else { break };
         tokio::select! {
             _ = &mut woken => continue,
@@ -384,25 +407,28 @@ async fn ack(
     Path((env, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let key = authenticate(&ctx, &headers)
-        .await?
-        .environment_key(&env, "Ack")?;
-    let row = work_of(&ctx, &env, &id).await?;
+    let mut conn = ctx.db.acquire().await?;
+    let key = environment_key_for_lease(&ctx, &mut conn, &headers, &env, "Ack").await?;
+    let row = work_of(&mut conn, &env, &id).await?;
     let ttl = ctx.settings.default_ttl_seconds;
-    let (row, lease, ()) = transition(&ctx, row, Fence::Key(&key.id), |current, now| match current
-        .ack(now, ttl)
-    {
-        Ok(next) => Ok((next, ())),
-        Err(AckError::NotClaimed) => Err(ApiError::conflict(format!(
-            "work {id} has not been polled; Poll claims it first"
-        ))
-        .code(codes::WORK_NOT_CLAIMED)
-        .final_answer()),
-        Err(AckError::Stopped) => Err(ApiError::conflict(format!("work {id} is stopped"))
-            .code(codes::WORK_ALREADY_STOPPED)
-            .final_answer()),
-    })
-    .await?;
+    let (row, lease, ()) =
+        transition(
+            &mut conn,
+            row,
+            Fence::Key(&key.id),
+            |current, now| match current.ack(now, ttl) {
+                Ok(next) => Ok((next, ())),
+                Err(AckError::NotClaimed) => Err(ApiError::conflict(format!(
+                    "work {id} has not been polled; Poll claims it first"
+                ))
+                .code(codes::WORK_NOT_CLAIMED)
+                .final_answer()),
+                Err(AckError::Stopped) => Err(ApiError::conflict(format!("work {id} is stopped"))
+                    .code(codes::WORK_ALREADY_STOPPED)
+                    .final_answer()),
+            },
+        )
+        .await?;
     Metrics::count(&ctx.metrics.acks);
     Ok(respond(&row, &lease))
 }
@@ -437,7 +463,8 @@ async fn heartbeat(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let row = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let row = authenticate(&ctx, &mut conn, &headers)
         .await?
         .token_for(&env, &id, "Heartbeat")?;
     let params = Params::parse(query.as_deref());
@@ -477,7 +504,7 @@ async fn heartbeat(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let beat = transition(&ctx, row, Fence::Token(&digest), |current, now| {
+    let beat = transition(&mut conn, row, Fence::Token(&digest), |current, now| {
         current
             .admits_token(TokenUse::Heartbeat, now)
             .map_err(token_rejected)?;
@@ -520,7 +547,8 @@ async fn stop(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let principal = authenticate(&ctx, &headers).await?;
+    let mut conn = ctx.db.acquire().await?;
+    let principal = authenticate(&ctx, &mut conn, &headers).await?;
     let body = Body::parse_optional(&bytes, &["force"])?;
     let force = body.optional_bool("force")?.unwrap_or(false);
     let rule = |use_token: bool| {
@@ -539,9 +567,9 @@ async fn stop(
     };
     match principal {
         Principal::Workspace(key) => {
-            environment_of(&ctx, &key, &env).await?;
-            let row = work_of(&ctx, &env, &id).await?;
-            transition(&ctx, row, Fence::Operator, rule(false)).await?;
+            environment_of(&mut conn, &key, &env).await?;
+            let row = work_of(&mut conn, &env, &id).await?;
+            transition(&mut conn, row, Fence::Operator, rule(false)).await?;
         }
         other => {
             let row = other.token_for(&env, &id, "Stop")?;
@@ -549,7 +577,7 @@ async fn stop(
                 .token_sha256
                 .clone()
                 .expect("a token principal has a token");
-            transition(&ctx, row, Fence::Token(&digest), rule(true)).await?;
+            transition(&mut conn, row, Fence::Token(&digest), rule(true)).await?;
         }
     }
     Metrics::count(&ctx.metrics.stops);
@@ -563,9 +591,11 @@ async fn result(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let row = authenticate(&ctx, &headers)
-        .await?
-        .token_for(&env, &id, "Posting a Result")?;
+    let mut conn = ctx.db.acquire().await?;
+    let row =
+        authenticate(&ctx, &mut conn, &headers)
+            .await?
+            .token_for(&env, &id, "Posting a Result")?;
     let body = Body::parse(&bytes, &["status", "message"])?;
     let status = match body.required_str("status")? {
         "succeeded" => CheckStatus::Succeeded,
@@ -586,7 +616,7 @@ async fn result(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let (row, lease, _stored_or_replayed): (_, _, Completion) = transition(&ctx, row, Fence::Token(&digest), |current, now| {
+    let (row, lease, _stored_or_replayed): (_, _, Completion) = transition(&mut conn, row, Fence::Token(&digest), |current, now| {
         current.admits_token(TokenUse::Result, now).map_err(token_rejected)?;
         current.complete(&outcome, now).map_err(|e| match e {
             ResultError::NotAHealthcheck => {
@@ -615,7 +645,8 @@ async fn fail(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let row = authenticate(&ctx, &headers)
+    let mut conn = ctx.db.acquire().await?;
+    let row = authenticate(&ctx, &mut conn, &headers)
         .await?
         .token_for(&env, &id, "Fail")?;
     let body = Body::parse(&bytes, &["error"])?;
@@ -643,7 +674,7 @@ async fn fail(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let (row, lease, ()) = transition(&ctx, row, Fence::Token(&digest), |current, now| {
+    let (row, lease, ()) = transition(&mut conn, row, Fence::Token(&digest), |current, now| {
         current
             .admits_token(TokenUse::Fail, now)
             .map_err(token_rejected)?;

@@ -4,7 +4,7 @@ use crate::metadata;
 use mango_protocol::time::Timestamp;
 use mango_protocol::Environment;
 use serde_json::Value;
-use sqlx::{FromRow, PgPool};
+use sqlx::{FromRow, PgExecutor, PgPool};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, FromRow)]
@@ -60,7 +60,7 @@ pub async fn insert(db: &PgPool, row: &EnvironmentRow) -> sqlx::Result<Environme
 }
 
 pub async fn find(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     workspace_id: &str,
     id: &str,
 ) -> sqlx::Result<Option<EnvironmentRow>> {

@@ -4,7 +4,7 @@
 use crate::ids;
 use mango_protocol::time::Timestamp;
 use serde::Serialize;
-use sqlx::{FromRow, PgPool};
+use sqlx::{FromRow, PgExecutor, PgPool};
 
 #[derive(Debug, Clone, FromRow, Serialize)]
 pub struct KeyRow {
@@ -90,7 +90,7 @@ pub async fn create(
     Ok((row, secret))
 }
 
-pub async fn list(db: &PgPool, workspace_id: &str) -> sqlx::Result<Vec<KeyRow>> {
+pub async fn list(db: impl PgExecutor<'_>, workspace_id: &str) -> sqlx::Result<Vec<KeyRow>> {
     let sql =
         format!("SELECT {COLUMNS} FROM api_keys WHERE workspace_id = $1 ORDER BY created_at, id");
     sqlx::query_as(&sql).bind(workspace_id).fetch_all(db).await
@@ -99,7 +99,11 @@ pub async fn list(db: &PgPool, workspace_id: &str) -> sqlx::Result<Vec<KeyRow>> 
 /// Revokes a key. The UPDATE row-locks the key, so it waits for Poll/Ack
 /// statements holding its share lock; after commit the key claims nothing.
 /// Returns `None` for an unknown id; revoking twice keeps the first time.
-pub async fn revoke(db: &PgPool, key_id: &str, now: Timestamp) -> sqlx::Result<Option<KeyRow>> {
+pub async fn revoke(
+    db: impl PgExecutor<'_>,
+    key_id: &str,
+    now: Timestamp,
+) -> sqlx::Result<Option<KeyRow>> {
     let sql = format!(
         "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1 RETURNING {COLUMNS}"
     );
@@ -110,7 +114,10 @@ pub async fn revoke(db: &PgPool, key_id: &str, now: Timestamp) -> sqlx::Result<O
         .await
 }
 
-pub async fn find_by_secret(db: &PgPool, secret_sha256: &[u8]) -> sqlx::Result<Option<KeyRow>> {
+pub async fn find_by_secret(
+    db: impl PgExecutor<'_>,
+    secret_sha256: &[u8],
+) -> sqlx::Result<Option<KeyRow>> {
     let sql = format!("SELECT {COLUMNS} FROM api_keys WHERE secret_sha256 = $1");
     sqlx::query_as(&sql)
         .bind(secret_sha256)
@@ -118,7 +125,7 @@ pub async fn find_by_secret(db: &PgPool, secret_sha256: &[u8]) -> sqlx::Result<O
         .await
 }
 
-pub async fn is_live(db: &PgPool, key_id: &str) -> sqlx::Result<bool> {
+pub async fn is_live(db: impl PgExecutor<'_>, key_id: &str) -> sqlx::Result<bool> {
     let row: Option<(bool,)> =
         sqlx::query_as("SELECT revoked_at IS NULL FROM api_keys WHERE id = $1")
             .bind(key_id)
@@ -129,7 +136,7 @@ pub async fn is_live(db: &PgPool, key_id: &str) -> sqlx::Result<bool> {
 
 /// `last_used_at` is advisory; it is written at most once a minute per key so
 /// it never contends with the share locks that Poll and Ack take.
-pub async fn touch(db: &PgPool, key_id: &str, now: Timestamp) -> sqlx::Result<()> {
+pub async fn touch(db: impl PgExecutor<'_>, key_id: &str, now: Timestamp) -> sqlx::Result<()> {
     sqlx::query(
         "UPDATE api_keys SET last_used_at = $2
          WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < $2 - interval '60 seconds')",

@@ -8,7 +8,7 @@ use chrono::Duration;
 use mango_protocol::time::Timestamp;
 use mango_protocol::{CheckResult, CheckStatus, Work, WorkData, WorkState};
 use serde_json::Value;
-use sqlx::{FromRow, PgExecutor, PgPool};
+use sqlx::{FromRow, PgExecutor};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, FromRow)]
@@ -138,7 +138,7 @@ pub async fn insert(db: impl PgExecutor<'_>, new: NewWork<'_>) -> sqlx::Result<W
 }
 
 pub async fn find(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     environment_id: &str,
     work_id: &str,
 ) -> sqlx::Result<Option<WorkRow>> {
@@ -150,7 +150,10 @@ pub async fn find(
         .await
 }
 
-pub async fn find_by_token(db: &PgPool, token_sha256: &[u8]) -> sqlx::Result<Option<WorkRow>> {
+pub async fn find_by_token(
+    db: impl PgExecutor<'_>,
+    token_sha256: &[u8],
+) -> sqlx::Result<Option<WorkRow>> {
     let sql = format!("SELECT {COLUMNS} FROM work WHERE token_sha256 = $1");
     sqlx::query_as(&sql)
         .bind(token_sha256)
@@ -165,7 +168,7 @@ pub async fn find_by_token(db: &PgPool, token_sha256: &[u8]) -> sqlx::Result<Opt
 /// statement: a concurrent revoke waits for it, and after the revoke commits
 /// this statement claims nothing.
 pub async fn claim(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     environment_id: &str,
     key_id: &str,
     now: Timestamp,
@@ -216,7 +219,7 @@ pub async fn claim(
 /// same claim). With `key_fence`, also only while that key is unrevoked,
 /// share-locking it like the claim does. `None` means someone else won the race.
 pub async fn compare_and_set(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     row: &WorkRow,
     next: &Lease,
     key_fence: Option<&str>,
@@ -262,7 +265,7 @@ pub async fn compare_and_set(
 }
 
 pub async fn set_metadata(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     row: &WorkRow,
     metadata: &BTreeMap<String, String>,
 ) -> sqlx::Result<Option<WorkRow>> {
@@ -280,7 +283,7 @@ pub async fn set_metadata(
 
 /// Newest first, after the cursor's (created_at, id) when one is given.
 pub async fn list(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     environment_id: &str,
     after: Option<(Timestamp, String)>,
     limit: i64,
@@ -315,7 +318,7 @@ pub struct StatsRow {
 /// depth: waiting to be picked up (unclaimed, stale claims, lost leases);
 /// pending: polled but not acknowledged; overdue checks count as neither.
 pub async fn stats(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     environment_id: &str,
     now: Timestamp,
     reclaim_after: Duration,
@@ -340,7 +343,7 @@ pub async fn stats(
 }
 
 pub async fn record_worker(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     environment_id: &str,
     worker_id: &str,
     now: Timestamp,
@@ -359,7 +362,7 @@ pub async fn record_worker(
 
 /// Rows whose stored state lags time: overdue checks and run-out stopping leases.
 pub async fn due_for_reconcile(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     now: Timestamp,
     limit: i64,
 ) -> sqlx::Result<Vec<WorkRow>> {
@@ -376,7 +379,7 @@ pub async fn due_for_reconcile(
         .await
 }
 
-pub async fn forget_old_workers(db: &PgPool, now: Timestamp) -> sqlx::Result<u64> {
+pub async fn forget_old_workers(db: impl PgExecutor<'_>, now: Timestamp) -> sqlx::Result<u64> {
     let done =
         sqlx::query("DELETE FROM worker_sightings WHERE last_seen_at < $1 - interval '5 minutes'")
             .bind(now)
