@@ -161,6 +161,44 @@ pub async fn find_by_token(
         .await
 }
 
+/// The claim statement's text, shared with the bench's EXPLAIN.
+/// Parameters: environment id, key id, now, reclaim cutoff, token digest.
+pub fn claim_statement() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH key AS (
+                 SELECT id FROM api_keys WHERE id = $2 AND revoked_at IS NULL FOR SHARE
+             ),
+             candidate AS MATERIALIZED (
+                 SELECT id FROM work
+                 WHERE environment_id = $1
+                   AND state IN ('queued', 'starting', 'active')
+                   AND (expires_at IS NULL OR expires_at > $3)
+                   AND (   (state = 'queued' AND (claimed_at IS NULL OR claimed_at <= $4))
+                        OR (state IN ('starting', 'active') AND lease_expires_at <= $3))
+                   AND EXISTS (SELECT 1 FROM key)
+                 ORDER BY created_at, id
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED
+             )
+             UPDATE work SET
+                 state = 'queued', claim_epoch = work.claim_epoch + 1, token_sha256 = $5,
+                 claimed_at = $3, acknowledged_at = NULL, started_at = NULL,
+                 latest_heartbeat_at = NULL, previous_heartbeat_at = NULL,
+                 lease_expires_at = NULL, stop_requested_at = NULL,
+                 row_version = work.row_version + 1
+             FROM candidate WHERE work.id = candidate.id
+             RETURNING {}",
+            COLUMNS
+                .split(", ")
+                .map(|c| format!("work.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    });
+    &SQL
+}
+
 /// Poll's claim: one statement. The oldest available item of the Environment is
 /// locked (`SKIP LOCKED`, so pollers never queue behind each other) and turned
 /// into a pending claim with a new epoch and token. Available mirrors
@@ -175,37 +213,7 @@ pub async fn claim(
     reclaim_after: Duration,
     token_sha256: &[u8],
 ) -> sqlx::Result<Option<WorkRow>> {
-    let sql = format!(
-        "WITH key AS (
-             SELECT id FROM api_keys WHERE id = $2 AND revoked_at IS NULL FOR SHARE
-         ),
-         candidate AS MATERIALIZED (
-             SELECT id FROM work
-             WHERE environment_id = $1
-               AND state IN ('queued', 'starting', 'active')
-               AND (expires_at IS NULL OR expires_at > $3)
-               AND (   (state = 'queued' AND (claimed_at IS NULL OR claimed_at <= $4))
-                    OR (state IN ('starting', 'active') AND lease_expires_at <= $3))
-               AND EXISTS (SELECT 1 FROM key)
-             ORDER BY created_at, id
-             LIMIT 1
-             FOR UPDATE SKIP LOCKED
-         )
-         UPDATE work SET
-             state = 'queued', claim_epoch = work.claim_epoch + 1, token_sha256 = $5,
-             claimed_at = $3, acknowledged_at = NULL, started_at = NULL,
-             latest_heartbeat_at = NULL, previous_heartbeat_at = NULL,
-             lease_expires_at = NULL, stop_requested_at = NULL,
-             row_version = work.row_version + 1
-         FROM candidate WHERE work.id = candidate.id
-         RETURNING {}",
-        COLUMNS
-            .split(", ")
-            .map(|c| format!("work.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    sqlx::query_as(&sql)
+    sqlx::query_as(claim_statement())
         .bind(environment_id)
         .bind(key_id)
         .bind(now)

@@ -3,6 +3,7 @@
 //! left, which the claim's partial index never sees).
 
 use crate::harness::{ms, percentile, Bench};
+use mango_api::store::work;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -105,41 +106,22 @@ async fn at_depth(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<(f64, f6
     Ok((cycle_p50, poll_p50))
 }
 
-/// EXPLAIN ANALYZE of the claim at the current depth, rolled back. The text
-/// is a copy of `store::work::claim`'s statement (which keeps its SQL private).
+/// EXPLAIN ANALYZE of the server's own claim statement at the current depth, rolled back.
 async fn explain_claim(bench: &Arc<Bench>) -> anyhow::Result<()> {
     let mut tx = bench.pool.begin().await?;
     let now = mango_protocol::time::now();
-    let plan: Vec<(String,)> = sqlx::query_as(
-        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF)
-         WITH key AS (
-             SELECT id FROM api_keys WHERE id = $2 AND revoked_at IS NULL FOR SHARE
-         ),
-         candidate AS MATERIALIZED (
-             SELECT id FROM work
-             WHERE environment_id = $1
-               AND state IN ('queued', 'starting', 'active')
-               AND (expires_at IS NULL OR expires_at > $3)
-               AND (   (state = 'queued' AND (claimed_at IS NULL OR claimed_at <= $4))
-                    OR (state IN ('starting', 'active') AND lease_expires_at <= $3))
-               AND EXISTS (SELECT 1 FROM key)
-             ORDER BY created_at, id
-             LIMIT 1
-             FOR UPDATE SKIP LOCKED
-         )
-         UPDATE work SET
-             state = 'queued', claim_epoch = work.claim_epoch + 1, token_sha256 = $5,
-             claimed_at = $3, row_version = work.row_version + 1
-         FROM candidate WHERE work.id = candidate.id
-         RETURNING work.id",
-    )
-    .bind(&bench.env_id)
-    .bind(&bench.env_key_id)
-    .bind(now)
-    .bind(now - chrono::Duration::seconds(5))
-    .bind(vec![0u8; 32])
-    .fetch_all(&mut *tx)
-    .await?;
+    let explain = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+        work::claim_statement()
+    );
+    let plan: Vec<(String,)> = sqlx::query_as(&explain)
+        .bind(&bench.env_id)
+        .bind(&bench.env_key_id)
+        .bind(now)
+        .bind(now - chrono::Duration::seconds(5))
+        .bind(vec![0u8; 32])
+        .fetch_all(&mut *tx)
+        .await?;
     tx.rollback().await?;
     println!("  EXPLAIN ANALYZE of the claim:");
     for (line,) in plan {
