@@ -43,4 +43,8 @@ pub mod codes {
     pub const INVALID_PARAMETER: &str = "invalid_parameter";
     pub const INVALID_JSON: &str = "invalid_json";
     pub const INVALID_CURSOR: &str = "invalid_cursor";
+    pub const AGENT_NOT_FOUND: &str = "agent_not_found";
+    pub const AGENT_ARCHIVED: &str = "agent_archived";
+    pub const AGENT_VERSION_CONFLICT: &str = "agent_version_conflict";
+    pub const INVALID_TOOLS: &str = "invalid_tools";
 }

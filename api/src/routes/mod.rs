@@ -1,6 +1,7 @@
 //! The HTTP surface: one router, a request-id middleware, health endpoints,
 //! and API-envelope answers for unknown routes and panics.
 
+pub mod agents;
 pub mod environments;
 pub mod work;
 
@@ -19,6 +20,7 @@ use std::time::Instant;
 
 pub fn router(ctx: ApiContext) -> Router {
     Router::new()
+        .merge(agents::router())
         .merge(environments::router())
         .merge(work::router())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
