@@ -25,6 +25,15 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of a repeated parameter (`types[]=a&types[]=b`).
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
     pub fn int(&self, name: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
         let Some(raw) = self.str(name) else {
             return Ok(None);

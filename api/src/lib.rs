@@ -1,9 +1,11 @@
 //! Mango control plane: Environments, Work leases and credentials on PostgreSQL.
 
+pub mod admission;
 pub mod auth;
 pub mod context;
 pub mod db;
 pub mod error;
+pub mod event_shapes;
 pub mod extract;
 pub mod ids;
 pub mod lease;
@@ -18,3 +20,4 @@ pub use context::{ApiContext, Settings};
 
 /// The embedded migrations in `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+pub mod session_rules;

@@ -28,7 +28,11 @@ pub async fn serve(
 /// across replicas.
 pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
     vec![
-        tokio::spawn(wake::listen(ctx.db.clone(), ctx.wake.clone())),
+        tokio::spawn(wake::listen(
+            ctx.db.clone(),
+            ctx.wake.clone(),
+            ctx.events.clone(),
+        )),
         tokio::spawn(sweep_forever(ctx.clone())),
     ]
 }

@@ -8,9 +8,11 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
+use tokio::sync::{broadcast, Notify};
 
 pub const CHANNEL: &str = "mango_work";
+/// Payload: the Session id whose event log grew.
+pub const EVENTS_CHANNEL: &str = "mango_events";
 
 #[derive(Default)]
 pub struct WakeHub {
@@ -51,22 +53,65 @@ impl WakeHub {
     }
 }
 
+/// Per-Session broadcast of "new events were committed" for live event streams.
+/// A stream subscribes before it reads, and re-reads by sequence number on
+/// every signal, so a lagged or lost signal delays an event but never drops it.
+#[derive(Default)]
+pub struct EventHub {
+    sessions: Mutex<HashMap<String, broadcast::Sender<()>>>,
+}
+
+impl EventHub {
+    pub fn subscribe(&self, session_id: &str) -> broadcast::Receiver<()> {
+        let mut map = self.sessions.lock().expect("event hub lock");
+        // Drop channels nobody listens to any more.
+        if map.len() > 1_000 {
+            map.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        map.entry(session_id.to_string())
+            .or_insert_with(|| broadcast::channel(16).0)
+            .subscribe()
+    }
+
+    pub fn wake(&self, session_id: &str) {
+        if let Some(tx) = self
+            .sessions
+            .lock()
+            .expect("event hub lock")
+            .get(session_id)
+        {
+            let _ = tx.send(());
+        }
+    }
+
+    pub fn wake_all(&self) {
+        for tx in self.sessions.lock().expect("event hub lock").values() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// Runs until the process exits, reconnecting with back-off.
-pub async fn listen(pool: PgPool, hub: Arc<WakeHub>) {
+pub async fn listen(pool: PgPool, hub: Arc<WakeHub>, events: Arc<EventHub>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match PgListener::connect_with(&pool).await {
-            Ok(mut listener) => match listener.listen(CHANNEL).await {
+            Ok(mut listener) => match listener.listen_all([CHANNEL, EVENTS_CHANNEL]).await {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
                     hub.wake_all();
+                    events.wake_all();
                     loop {
                         match listener.try_recv().await {
+                            Ok(Some(n)) if n.channel() == EVENTS_CHANNEL => {
+                                events.wake(n.payload())
+                            }
                             Ok(Some(n)) => hub.wake(n.payload()),
                             Ok(None) => {
                                 // Connection dropped and was re-established; anything may have been missed.
                                 tracing::warn!("work listener reconnected");
                                 hub.wake_all();
+                                events.wake_all();
                             }
                             Err(err) => {
                                 tracing::warn!(error = %err, "work listener failed");
@@ -80,6 +125,7 @@ pub async fn listen(pool: PgPool, hub: Arc<WakeHub>) {
             Err(err) => tracing::warn!(error = %err, "work listener could not connect"),
         }
         hub.wake_all();
+        events.wake_all();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }

@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod environments;
+pub mod sessions;
 pub mod work;
 
 use crate::context::ApiContext;
@@ -23,6 +24,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .merge(agents::router())
         .merge(environments::router())
         .merge(work::router())
+        .merge(sessions::router())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(ready))
         .route(

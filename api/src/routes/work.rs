@@ -12,6 +12,7 @@ use crate::lease::{
 use crate::metrics::Metrics;
 use crate::store::environments::{self, EnvironmentRow};
 use crate::store::keys::KeyRow;
+use crate::store::sessions;
 use crate::store::work::{self, WorkRow};
 use crate::store::{cursor, keys};
 use crate::{ids, metadata};
@@ -674,7 +675,14 @@ async fn fail(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let (row, lease, ()) = transition(&mut conn, row, Fence::Token(&digest), |current, now| {
+    drop(conn);
+    // One transaction: the Work stops and its Session terminates together.
+    let mut tx = ctx.db.begin().await?;
+    let mut session = match &row.session_id {
+        Some(session_id) => sessions::lock(&mut tx, session_id).await?,
+        None => None,
+    };
+    let (row, lease, ()) = transition(&mut tx, row, Fence::Token(&digest), |current, now| {
         current
             .admits_token(TokenUse::Fail, now)
             .map_err(token_rejected)?;
@@ -684,6 +692,19 @@ async fn fail(
             .map_err(|StopError::AlreadyStopped| already_stopped(&id))
     })
     .await?;
+    if let Some(session) = session.as_mut() {
+        let error = serde_json::json!({
+            "type": "session.error",
+            "error": {"type": "session_input_failed_error", "message": message, "retry_status": {"type": "terminal"}},
+        });
+        let terminated = serde_json::json!({"type": "session.status_terminated"});
+        let events = [error, terminated]
+            .into_iter()
+            .filter_map(|e| e.as_object().cloned())
+            .collect();
+        sessions::append(&mut tx, session, events).await?;
+    }
+    tx.commit().await?;
     Metrics::count(&ctx.metrics.fails);
     Ok(respond(&row, &lease))
 }

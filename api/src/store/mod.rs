@@ -5,4 +5,5 @@ pub mod agents;
 pub mod cursor;
 pub mod environments;
 pub mod keys;
+pub mod sessions;
 pub mod work;

@@ -1,0 +1,249 @@
+//! Session Work admission (spec §5): inside ONE transaction that holds the
+//! Session row lock, append the admitted events, update the projection, insert
+//! a Work item when runnable input finds no live one (coalescing), and write
+//! the outbox row that wakes the agent loop. The NOTIFY triggers fire at commit.
+
+use crate::error::{ApiError, ApiResult};
+use crate::lease::{Kind, Lease};
+use crate::session_rules::{
+    self as rules, CallKind, ConfirmationDecision, Permission, ResultDecision, Sender,
+};
+use crate::store::sessions::{self, SessionRow};
+use crate::store::work::{self, NewWork};
+use crate::{ids, Settings};
+use axum::http::StatusCode;
+use mango_protocol::time;
+use serde_json::{Map, Value};
+use sqlx::PgConnection;
+use std::collections::BTreeMap;
+
+fn refusal(
+    index: usize,
+    status: StatusCode,
+    kind: &'static str,
+    code: &str,
+    message: String,
+) -> ApiError {
+    ApiError::new(status, kind, format!("events[{index}]: {message}")).code(code)
+}
+
+/// Admits checked events from `sender` into `session`, which the caller has
+/// locked in the transaction `db`. Returns the events as stored; a retried
+/// tool result or confirmation returns the event that already answered.
+pub async fn admit(
+    db: &mut PgConnection,
+    session: &mut SessionRow,
+    sender: Sender,
+    events: Vec<Map<String, Value>>,
+    settings: &Settings,
+) -> ApiResult<Vec<Value>> {
+    if session.archived_at.is_some() {
+        return Err(ApiError::conflict(format!(
+            "session {} is archived and takes no input",
+            session.id
+        ))
+        .code("session_archived")
+        .final_answer());
+    }
+    let mut out = Vec::with_capacity(events.len());
+    let mut appended = false;
+    let mut runnable = false;
+    for (index, event) in events.into_iter().enumerate() {
+        let event_type = event
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        rules::may_send(sender, &event_type, session.status()).map_err(|r| match r {
+            rules::SendRefusal::NotSendable(t) if t.starts_with("agent.") || t.starts_with("session.") || t.starts_with("span.") => {
+                refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "event_not_sendable",
+                    format!("{t:?} events are produced by the agent loop, not sent by clients"))
+            }
+            rules::SendRefusal::NotSendable(t) => refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "unknown_event_type",
+                format!("unknown event type {t:?}; clients send one of {}", rules::SENDABLE.join(", "))),
+            rules::SendRefusal::NotPermitted(t) => refusal(index, StatusCode::FORBIDDEN, "permission_error", "permission_denied",
+                format!("a sessions token may send only user.tool_result and user.custom_tool_result, not {t:?}")),
+            rules::SendRefusal::Terminated => ApiError::conflict(format!("session {} is terminated and takes no input", session.id))
+                .code("session_terminated")
+                .final_answer(),
+        })?;
+        if let Some(existing) =
+            settle_against_tool_call(db, session, index, &event_type, &event).await?
+        {
+            out.push(existing);
+            continue;
+        }
+        runnable |= rules::is_runnable(&event_type);
+        appended = true;
+        out.extend(sessions::append(db, session, vec![event]).await?);
+    }
+    if appended {
+        let now = time::now();
+        if runnable && !sessions::has_live_work(&mut *db, &session.id).await? {
+            let lease = Lease::new(Kind::Session, now, settings.default_ttl_seconds);
+            work::insert(
+                &mut *db,
+                NewWork {
+                    id: &ids::new_id("work"),
+                    environment_id: &session.environment_id,
+                    session_id: Some(&session.id),
+                    metadata: &BTreeMap::new(),
+                    lease: &lease,
+                    created_at: now,
+                },
+            )
+            .await?;
+        }
+        sessions::enqueue_outbox(&mut *db, &session.id, session.last_seq, now).await?;
+    }
+    Ok(out)
+}
+
+/// Checks a tool result or confirmation against the call it names (locked).
+/// `Some(event)` means it was already answered the same way: a retry to
+/// acknowledge without storing anything.
+async fn settle_against_tool_call(
+    db: &mut PgConnection,
+    session: &SessionRow,
+    index: usize,
+    event_type: &str,
+    event: &Map<String, Value>,
+) -> ApiResult<Option<Value>> {
+    let (key, kind) = match event_type {
+        "user.tool_result" | "user.tool_confirmation" => ("tool_use_id", CallKind::Tool),
+        "user.custom_tool_result" => ("custom_tool_use_id", CallKind::Custom),
+        _ => return Ok(None),
+    };
+    let call_id = event.get(key).and_then(Value::as_str).unwrap_or_default();
+    let call = sessions::tool_call(db, &session.id, call_id).await?;
+    let unknown = || {
+        refusal(
+            index,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "unknown_tool_use_id",
+            format!(
+                "{key} {call_id:?} names no tool call of session {}",
+                session.id
+            ),
+        )
+    };
+    if event_type == "user.tool_confirmation" {
+        let answer = match event.get("result").and_then(Value::as_str) {
+            Some("deny") => Permission::Deny,
+            _ => Permission::Allow,
+        };
+        return match rules::admit_confirmation(call.as_ref(), answer) {
+            Ok(ConfirmationDecision::Accept) => Ok(None),
+            Ok(ConfirmationDecision::Duplicate) => {
+                Ok(Some(earlier_confirmation(db, &session.id, call_id).await?))
+            }
+            Err(rules::ConfirmationRefusal::UnknownCall) => Err(unknown()),
+            Err(rules::ConfirmationRefusal::NotAsked) => Err(refusal(
+                index,
+                StatusCode::CONFLICT,
+                "conflict_error",
+                "confirmation_not_requested",
+                format!("tool call {call_id} was not evaluated \"ask\"; it takes no confirmation"),
+            )),
+            Err(rules::ConfirmationRefusal::AlreadyConfirmed) => Err(refusal(
+                index,
+                StatusCode::CONFLICT,
+                "conflict_error",
+                "already_confirmed",
+                format!("tool call {call_id} already has a different confirmation"),
+            )),
+            Err(rules::ConfirmationRefusal::AlreadyAnswered) => Err(refusal(
+                index,
+                StatusCode::CONFLICT,
+                "conflict_error",
+                "already_answered",
+                format!("tool call {call_id} already has a result"),
+            )),
+        };
+    }
+    match rules::admit_result(call.as_ref(), kind) {
+        Ok(ResultDecision::Accept) => Ok(None),
+        Ok(ResultDecision::Duplicate { answered_by }) => {
+            Ok(sessions::event_by_id(&mut *db, &session.id, &answered_by).await?)
+        }
+        Err(rules::ResultRefusal::UnknownCall) => Err(unknown()),
+        Err(rules::ResultRefusal::WrongKind) => Err(refusal(
+            index,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "wrong_result_type",
+            format!(
+                "{call_id} is answered with {}",
+                if kind == CallKind::Tool {
+                    "user.custom_tool_result"
+                } else {
+                    "user.tool_result"
+                }
+            ),
+        )),
+        Err(rules::ResultRefusal::Denied) => Err(refusal(
+            index,
+            StatusCode::CONFLICT,
+            "conflict_error",
+            "tool_use_denied",
+            format!("tool call {call_id} was denied; a denied call never produces a result"),
+        )
+        .final_answer()),
+        Err(rules::ResultRefusal::AwaitingConfirmation) => Err(refusal(
+            index,
+            StatusCode::CONFLICT,
+            "conflict_error",
+            "awaiting_confirmation",
+            format!("tool call {call_id} is waiting for an allow confirmation"),
+        )
+        .final_answer()),
+    }
+}
+
+async fn earlier_confirmation(
+    db: &mut PgConnection,
+    session_id: &str,
+    call_id: &str,
+) -> ApiResult<Value> {
+    let row: Option<(Value,)> = sqlx::query_as(
+        "SELECT body FROM session_events WHERE session_id = $1 AND type = 'user.tool_confirmation'
+           AND body->>'tool_use_id' = $2 ORDER BY seq LIMIT 1",
+    )
+    .bind(session_id)
+    .bind(call_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|(b,)| b).unwrap_or(Value::Null))
+}
+
+/// Appends agent-loop events (`agent.*`, `session.*`, `span.*`) in-process: the
+/// path the agent loop and tests use; HTTP never exposes it.
+pub async fn append_agent_events(
+    db: &sqlx::PgPool,
+    session_id: &str,
+    events: Vec<Value>,
+) -> ApiResult<Vec<Value>> {
+    let mut tx = db.begin().await?;
+    let mut session = sessions::lock(&mut tx, session_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("session {session_id} not found")))?;
+    let mut maps = Vec::with_capacity(events.len());
+    for (i, e) in events.into_iter().enumerate() {
+        let Value::Object(map) = e else {
+            return Err(ApiError::invalid_parameter(format!(
+                "events[{i}] must be an object"
+            )));
+        };
+        let t = map.get("type").and_then(Value::as_str).unwrap_or("");
+        if t.starts_with("user.") || !rules::KNOWN_TYPES.contains(&t) {
+            return Err(ApiError::invalid_parameter(format!(
+                "events[{i}]: {t:?} is not an agent-loop event"
+            )));
+        }
+        maps.push(map);
+    }
+    let stored = sessions::append(&mut tx, &mut session, maps).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
