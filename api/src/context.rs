@@ -15,6 +15,8 @@ pub struct Settings {
     pub default_reclaim: Duration,
     /// How often the sweeper persists time-driven transitions.
     pub sweep_interval: std::time::Duration,
+    /// Event streams send `event: ping` at least this often (the spec allows 15 s).
+    pub stream_ping_interval: std::time::Duration,
 }
 
 impl Default for Settings {
@@ -23,6 +25,7 @@ impl Default for Settings {
             default_ttl_seconds: 120,
             default_reclaim: Duration::milliseconds(5000),
             sweep_interval: std::time::Duration::from_secs(1),
+            stream_ping_interval: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -27,8 +27,6 @@ use std::time::Duration;
 
 /// A live stream re-checks its sessions token this often (spec §2).
 const TOKEN_RECHECK: Duration = Duration::from_secs(1);
-/// Keep-alive frames (`event: ping`) at least this often; the spec's bound is 15 s.
-const PING_EVERY: Duration = Duration::from_secs(10);
 const MAX_TITLE_CHARS: usize = 500;
 
 pub fn router() -> Router<ApiContext> {
@@ -574,6 +572,7 @@ async fn stream(
         .unwrap_or(session.last_seq);
     drop(conn);
 
+    let ping_every = ctx.settings.stream_ping_interval;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let mut recheck = tokio::time::interval(TOKEN_RECHECK);
@@ -621,7 +620,7 @@ async fn stream(
     let body = tokio_stream_from(rx);
     let ping = Event::default().event("ping").data("{}");
     Ok(Sse::new(body)
-        .keep_alive(KeepAlive::new().interval(PING_EVERY).event(ping))
+        .keep_alive(KeepAlive::new().interval(ping_every).event(ping))
         .into_response())
 }
 
