@@ -39,7 +39,7 @@ pub struct ApiContext {
     pub db: PgPool,
     pub settings: Arc<Settings>,
     pub wake: Arc<WakeHub>,
-    pub events: Arc<crate::wake::EventHub>,
+    pub events: Arc<crate::feed::SessionFeeds>,
     pub metrics: Arc<crate::metrics::Metrics>,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
     recent_keys: Arc<Mutex<KeyLookups>>,
@@ -52,10 +52,10 @@ const SIGHTING_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
 impl ApiContext {
     pub fn new(db: PgPool, settings: Settings) -> Self {
         ApiContext {
+            events: Arc::new(crate::feed::SessionFeeds::new(db.clone())),
             db,
             settings: Arc::new(settings),
             wake: Arc::default(),
-            events: Arc::default(),
             metrics: Arc::default(),
             sightings: Arc::default(),
             recent_keys: Arc::default(),

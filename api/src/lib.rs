@@ -7,6 +7,7 @@ pub mod db;
 pub mod error;
 pub mod event_shapes;
 pub mod extract;
+pub mod feed;
 pub mod ids;
 pub mod lease;
 pub mod metadata;

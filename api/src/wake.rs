@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::Notify;
 
 pub const CHANNEL: &str = "mango_work";
 /// Payload: the Session id whose event log grew.
@@ -53,46 +53,8 @@ impl WakeHub {
     }
 }
 
-/// Per-Session broadcast of "new events were committed" for live event streams.
-/// A stream subscribes before it reads, and re-reads by sequence number on
-/// every signal, so a lagged or lost signal delays an event but never drops it.
-#[derive(Default)]
-pub struct EventHub {
-    sessions: Mutex<HashMap<String, broadcast::Sender<()>>>,
-}
-
-impl EventHub {
-    pub fn subscribe(&self, session_id: &str) -> broadcast::Receiver<()> {
-        let mut map = self.sessions.lock().expect("event hub lock");
-        // Drop channels nobody listens to any more.
-        if map.len() > 1_000 {
-            map.retain(|_, tx| tx.receiver_count() > 0);
-        }
-        map.entry(session_id.to_string())
-            .or_insert_with(|| broadcast::channel(16).0)
-            .subscribe()
-    }
-
-    pub fn wake(&self, session_id: &str) {
-        if let Some(tx) = self
-            .sessions
-            .lock()
-            .expect("event hub lock")
-            .get(session_id)
-        {
-            let _ = tx.send(());
-        }
-    }
-
-    pub fn wake_all(&self) {
-        for tx in self.sessions.lock().expect("event hub lock").values() {
-            let _ = tx.send(());
-        }
-    }
-}
-
 /// Runs until the process exits, reconnecting with back-off.
-pub async fn listen(pool: PgPool, hub: Arc<WakeHub>, events: Arc<EventHub>) {
+pub async fn listen(pool: PgPool, hub: Arc<WakeHub>, events: Arc<crate::feed::SessionFeeds>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match PgListener::connect_with(&pool).await {

@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 use std::convert::Infallible;
 use std::time::Duration;
+use tokio::sync::broadcast;
 
 /// A live stream re-checks its sessions token this often (spec §2).
 const TOKEN_RECHECK: Duration = Duration::from_secs(1);
@@ -280,35 +281,37 @@ fn check_resources(value: Option<&Value>) -> ApiResult<Value> {
                 "resources[{i}] must be an object"
             )));
         };
-        let (allowed, required): (&[&str], &[&str]) =
-            match obj.get("type").and_then(Value::as_str) {
-                Some("memory_store") => (
-                    &[
-                        "type",
-                        "memory_store_id",
-                        "access",
-                        "mount_path",
-                        "name",
-                        "description",
-                        "instructions",
-                    ],
-                    &["memory_store_id"],
-                ),
-                Some("file") => (&["type", "file_id", "mount_path"], &["file_id"]),
-                Some("github_repository") => (
-                    &[
-                        "type",
-                        "url",
-                        "mount_path",
-                        "checkout",
-                        "authorization_token",
-                    ],
-                    &["url"],
-                ),
-                other => return Err(ApiError::invalid_parameter(format!(
+        let (allowed, required): (&[&str], &[&str]) = match obj.get("type").and_then(Value::as_str)
+        {
+            Some("memory_store") => (
+                &[
+                    "type",
+                    "memory_store_id",
+                    "access",
+                    "mount_path",
+                    "name",
+                    "description",
+                    "instructions",
+                ],
+                &["memory_store_id"],
+            ),
+            Some("file") => (&["type", "file_id", "mount_path"], &["file_id"]),
+            Some("github_repository") => (
+                &[
+                    "type",
+                    "url",
+                    "mount_path",
+                    "checkout",
+                    "authorization_token",
+                ],
+                &["url"],
+            ),
+            other => {
+                return Err(ApiError::invalid_parameter(format!(
                     "resources[{i}].type {other:?} is not memory_store, file or github_repository"
-                ))),
-            };
+                )))
+            }
+        };
         if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(ApiError::invalid_parameter(format!(
                 "resources[{i}]: unknown field {k:?}"
@@ -566,7 +569,7 @@ async fn stream(
     let mut conn = ctx.db.acquire().await?;
     let (session, access) = access(&ctx, &mut conn, &headers, &id, "Streaming events").await?;
     // Subscribe before reading the starting point, so nothing committed in between is missed.
-    let mut wakeups = ctx.events.subscribe(&session.id);
+    let mut feed = ctx.events.subscribe(&session.id);
     let mut last_seq = sessions::last_seq(&mut *conn, &session.id)
         .await?
         .unwrap_or(session.last_seq);
@@ -578,41 +581,42 @@ async fn stream(
         let mut recheck = tokio::time::interval(TOKEN_RECHECK);
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = wakeups.recv() => {}
+            let fed = tokio::select! {
+                fed = feed.recv() => fed,
                 _ = recheck.tick() => {
                     if let Access::Worker { digest } = &access {
                         if !token_still_valid(&ctx, digest, &id).await {
                             break;
                         }
                     }
+                    // Safety net: anything a lost notification held back.
+                    Err(broadcast::error::RecvError::Lagged(0))
                 }
                 _ = tx.closed() => break,
-            }
-            loop {
-                let batch = match sessions::events_after(&ctx.db, &id, last_seq, 500).await {
-                    Ok(batch) => batch,
-                    Err(err) => {
-                        tracing::warn!(error = %err, session_id = %id, "event stream read failed");
-                        break;
-                    }
-                };
-                let full = batch.len() == 500;
-                for row in batch {
-                    last_seq = row.seq;
-                    let kind = row
-                        .body
-                        .get("type")
-                        .and_then(Value::as_str)
-                        .unwrap_or("message")
-                        .to_string();
-                    let frame = Event::default().event(kind).data(row.body.to_string());
-                    if tx.send(Ok(frame)).await.is_err() {
-                        return;
+            };
+            let next = match fed {
+                Ok(event) if event.seq <= last_seq => continue,
+                Ok(event) if event.seq == last_seq + 1 => vec![event],
+                // A gap, a lag or a tick: the database has every event after last_seq.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    match catch_up(&ctx, &id, last_seq).await {
+                        Some(events) => events,
+                        None => continue,
                     }
                 }
-                if !full {
-                    break;
+                Err(broadcast::error::RecvError::Closed) => break,
+            };
+            for event in next {
+                last_seq = event.seq;
+                let kind = event
+                    .body
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("message")
+                    .to_string();
+                let frame = Event::default().event(kind).data(event.body.to_string());
+                if tx.send(Ok(frame)).await.is_err() {
+                    return;
                 }
             }
         }
@@ -628,6 +632,22 @@ fn tokio_stream_from(
     mut rx: tokio::sync::mpsc::Receiver<Result<Event, Infallible>>,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Every event after `seq`, read from the database (bounded per call; the
+/// next tick or event continues from where this left off).
+async fn catch_up(
+    ctx: &ApiContext,
+    session_id: &str,
+    seq: i64,
+) -> Option<Vec<crate::feed::FedEvent>> {
+    match sessions::events_after(&ctx.db, session_id, seq, 1000).await {
+        Ok(rows) => Some(rows.into_iter().map(Into::into).collect()),
+        Err(err) => {
+            tracing::warn!(error = %err, session_id, "event stream catch-up failed");
+            None
+        }
+    }
 }
 
 async fn token_still_valid(ctx: &ApiContext, digest: &[u8], session_id: &str) -> bool {
