@@ -49,6 +49,18 @@ impl Params {
         Ok(Some(value))
     }
 
+    /// An RFC 3339 timestamp (`created_at[gte]=…`); empty counts as absent.
+    pub fn timestamp(&self, name: &str) -> ApiResult<Option<mango_protocol::time::Timestamp>> {
+        match self.str(name) {
+            None | Some("") => Ok(None),
+            Some(raw) => mango_protocol::time::parse(raw).map(Some).ok_or_else(|| {
+                ApiError::invalid_parameter(format!(
+                    "{name} must be an RFC 3339 timestamp, got {raw:?}"
+                ))
+            }),
+        }
+    }
+
     pub fn bool(&self, name: &str) -> ApiResult<Option<bool>> {
         match self.str(name) {
             None => Ok(None),

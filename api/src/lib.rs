@@ -1,6 +1,7 @@
 //! Mango control plane: Environments, Work leases and credentials on PostgreSQL.
 
 pub mod admission;
+pub mod agent_definition;
 pub mod auth;
 pub mod context;
 pub mod db;

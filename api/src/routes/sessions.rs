@@ -458,19 +458,6 @@ async fn delete(
 
 // ------------------------------------------------------------------ events
 
-fn timestamp_param(params: &Params, name: &str) -> ApiResult<Option<time::Timestamp>> {
-    params
-        .str(name)
-        .map(|raw| {
-            time::parse(raw).ok_or_else(|| {
-                ApiError::invalid_parameter(format!(
-                    "{name} must be an RFC 3339 timestamp, got {raw:?}"
-                ))
-            })
-        })
-        .transpose()
-}
-
 /// List: ascending by default, `limit` up to 1000, complete cursor pages.
 async fn list_events(
     State(ctx): State<ApiContext>,
@@ -506,10 +493,10 @@ async fn list_events(
     }
     let filter = EventFilter {
         types,
-        gt: timestamp_param(&params, "created_at[gt]")?,
-        gte: timestamp_param(&params, "created_at[gte]")?,
-        lt: timestamp_param(&params, "created_at[lt]")?,
-        lte: timestamp_param(&params, "created_at[lte]")?,
+        gt: params.timestamp("created_at[gt]")?,
+        gte: params.timestamp("created_at[gte]")?,
+        lt: params.timestamp("created_at[lt]")?,
+        lte: params.timestamp("created_at[lte]")?,
         ascending,
     };
     let after = match params.str("page").filter(|p| !p.is_empty()) {
