@@ -1,0 +1,568 @@
+//! Typed client of the Mango API, one per credential: a Workspace key (operator
+//! and tests), an Environment key (the supervisor), or a sessions token (the
+//! item runner).
+//!
+//! Retry policy (spec §3, §8): transport errors, 408, 409, 429 and 5xx are
+//! transient and retried with jittered exponential back-off; any other 4xx is
+//! final, and so is an answer carrying `x-should-retry: false`.
+
+mod sse;
+
+pub use sse::{EventStream, StreamFrame};
+
+use mango_protocol::{
+    Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work, NO_HEARTBEAT,
+};
+use rand::Rng;
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The API answered with an error envelope.
+    #[error("{status} {kind}: {message}")]
+    Api {
+        status: StatusCode,
+        kind: String,
+        message: String,
+        error_code: Option<String>,
+        details: Option<Value>,
+        request_id: Option<String>,
+        /// The server said a retry cannot change the answer.
+        final_answer: bool,
+    },
+    #[error("transport: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("unexpected response: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn error_code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { error_code, .. } => error_code.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Worth retrying: transport failures, 408, 409, 429 and 5xx, unless the
+    /// server said `x-should-retry: false`.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Transport(_) => true,
+            ClientError::Decode(_) => false,
+            ClientError::Api {
+                status,
+                final_answer,
+                ..
+            } => {
+                !final_answer
+                    && (status.is_server_error() || matches!(status.as_u16(), 408 | 409 | 429))
+            }
+        }
+    }
+
+    /// A 412 `heartbeat_precondition_failed`: the lease belongs to someone else now.
+    pub fn is_lease_lost(&self) -> bool {
+        self.status() == Some(StatusCode::PRECONDITION_FAILED)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// Jittered exponential back-off for transient failures.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1 = no retry).
+    pub attempts: u32,
+    pub first_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// Five retries after the first attempt, as the runner's contract says.
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 6,
+            first_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    pub fn none() -> Self {
+        RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// Delay before retry `n` (1-based): full jitter over an exponential ceiling.
+    pub fn delay(&self, n: u32) -> Duration {
+        let ceiling = self
+            .first_delay
+            .saturating_mul(1 << n.saturating_sub(1).min(16))
+            .min(self.max_delay);
+        let ms = ceiling.as_millis().max(1) as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms))
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    credential: String,
+    retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for Client {
+    // The credential is a secret: never in a Debug string, a log or a panic.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    pub fn new(base_url: &str, credential: &str) -> Client {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .expect("a plain HTTP client builds");
+        Client {
+            http,
+            base: base_url.trim_end_matches('/').to_string(),
+            credential: credential.to_string(),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
+        self.retry = retry;
+        self
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.credential)
+            .header("anthropic-beta", "managed-agents-2026-04-01")
+    }
+
+    /// Sends once; maps error envelopes to [`ClientError::Api`].
+    async fn send_once(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<reqwest::Response> {
+        let mut req = self.request(method, path).query(query);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(api_error(resp).await)
+    }
+
+    /// Sends with the retry policy.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<reqwest::Response> {
+        let mut attempt = 1;
+        loop {
+            match self.send_once(method.clone(), path, query, body).await {
+                Err(err) if err.is_transient() && attempt < self.retry.attempts => {
+                    let delay = self.retry.delay(attempt);
+                    tracing::debug!(%path, attempt, ?delay, error = %err, "retrying");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<T> {
+        let resp = self.send(method, path, query, body).await?;
+        let bytes = resp.bytes().await?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(format!("{path}: {e}")))
+    }
+
+    // ------------------------------------------------------------ environments
+
+    pub async fn create_environment(&self, name: &str) -> Result<Environment> {
+        self.json(
+            Method::POST,
+            "/v1/environments",
+            &[],
+            Some(&json!({"name": name, "config": {"type": "self_hosted"}})),
+        )
+        .await
+    }
+
+    pub async fn environment(&self, id: &str) -> Result<Environment> {
+        self.json(Method::GET, &format!("/v1/environments/{id}"), &[], None)
+            .await
+    }
+
+    // ------------------------------------------------------------ work
+
+    fn work_path(environment_id: &str, rest: &str) -> String {
+        format!("/v1/environments/{environment_id}/work{rest}")
+    }
+
+    pub async fn create_healthcheck(&self, environment_id: &str) -> Result<Work> {
+        self.json(
+            Method::POST,
+            &Self::work_path(environment_id, ""),
+            &[],
+            Some(&json!({"data": {"type": "healthcheck"}})),
+        )
+        .await
+    }
+
+    pub async fn work(&self, environment_id: &str, work_id: &str) -> Result<Work> {
+        self.json(
+            Method::GET,
+            &Self::work_path(environment_id, &format!("/{work_id}")),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// All pages of the Environment's Work, newest first.
+    pub async fn list_work(&self, environment_id: &str) -> Result<Vec<Work>> {
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "100".to_string())];
+            if let Some(p) = &page {
+                query.push(("page", p.clone()));
+            }
+            let got: Page<Work> = self
+                .json(
+                    Method::GET,
+                    &Self::work_path(environment_id, ""),
+                    &query,
+                    None,
+                )
+                .await?;
+            out.extend(got.data);
+            match got.next_page.filter(|p| !p.is_empty()) {
+                Some(p) => page = Some(p),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Poll (Environment key): `None` when nothing is available within `block_ms`.
+    pub async fn poll(
+        &self,
+        environment_id: &str,
+        block_ms: Option<u32>,
+        worker_id: Option<&str>,
+    ) -> Result<Option<Work>> {
+        let mut query = Vec::new();
+        if let Some(ms) = block_ms {
+            query.push(("block_ms", ms.to_string()));
+        }
+        let path = Self::work_path(environment_id, "/poll");
+        let mut attempt = 1;
+        loop {
+            let mut req = self.request(Method::GET, &path).query(&query);
+            if let Some(w) = worker_id {
+                req = req.header("anthropic-worker-id", w);
+            }
+            let result = match req.send().await {
+                Ok(resp) if resp.status().is_success() => {
+                    let bytes = resp.bytes().await?;
+                    serde_json::from_slice::<Option<Work>>(&bytes)
+                        .map_err(|e| ClientError::Decode(format!("poll: {e}")))
+                }
+                Ok(resp) => Err(api_error(resp).await),
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Err(err) if err.is_transient() && attempt < self.retry.attempts => {
+                    tokio::time::sleep(self.retry.delay(attempt)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    pub async fn ack(&self, environment_id: &str, work_id: &str) -> Result<Work> {
+        self.json(
+            Method::POST,
+            &Self::work_path(environment_id, &format!("/{work_id}/ack")),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// Heartbeat (sessions token): `expected` is `None` on the first beat.
+    pub async fn heartbeat(
+        &self,
+        environment_id: &str,
+        work_id: &str,
+        expected: Option<&str>,
+        ttl_seconds: Option<u32>,
+    ) -> Result<HeartbeatResponse> {
+        let mut query = vec![(
+            "expected_last_heartbeat",
+            expected.unwrap_or(NO_HEARTBEAT).to_string(),
+        )];
+        if let Some(ttl) = ttl_seconds {
+            query.push(("desired_ttl_seconds", ttl.to_string()));
+        }
+        self.json(
+            Method::POST,
+            &Self::work_path(environment_id, &format!("/{work_id}/heartbeat")),
+            &query,
+            None,
+        )
+        .await
+    }
+
+    /// Stop; an already-stopped item is not an error here (`Ok(false)`).
+    pub async fn stop(&self, environment_id: &str, work_id: &str, force: bool) -> Result<bool> {
+        let path = Self::work_path(environment_id, &format!("/{work_id}/stop"));
+        match self
+            .send(Method::POST, &path, &[], Some(&json!({"force": force})))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(err) if err.error_code() == Some("work_already_stopped") => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    pub async fn result(
+        &self,
+        environment_id: &str,
+        work_id: &str,
+        succeeded: bool,
+        message: &str,
+    ) -> Result<Work> {
+        let status = if succeeded { "succeeded" } else { "failed" };
+        let path = Self::work_path(environment_id, &format!("/{work_id}/result"));
+        self.json(
+            Method::POST,
+            &path,
+            &[],
+            Some(&json!({"status": status, "message": message})),
+        )
+        .await
+    }
+
+    pub async fn fail(&self, environment_id: &str, work_id: &str, message: &str) -> Result<Work> {
+        let path = Self::work_path(environment_id, &format!("/{work_id}/fail"));
+        self.json(
+            Method::POST,
+            &path,
+            &[],
+            Some(&json!({"error": {"message": message}})),
+        )
+        .await
+    }
+
+    pub async fn stats(&self, environment_id: &str) -> Result<QueueStats> {
+        self.json(
+            Method::GET,
+            &Self::work_path(environment_id, "/stats"),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    // ------------------------------------------------------------ sessions
+
+    pub async fn session(&self, session_id: &str) -> Result<Value> {
+        self.json(
+            Method::GET,
+            &format!("/v1/sessions/{session_id}"),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// Every event of the Session, oldest first, following `next_page`.
+    pub async fn all_events(&self, session_id: &str) -> Result<Vec<Value>> {
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut query = vec![("limit", "1000".to_string())];
+            if let Some(p) = &page {
+                query.push(("page", p.clone()));
+            }
+            let got: Page<Value> = self
+                .json(
+                    Method::GET,
+                    &format!("/v1/sessions/{session_id}/events"),
+                    &query,
+                    None,
+                )
+                .await?;
+            out.extend(got.data);
+            match got.next_page.filter(|p| !p.is_empty()) {
+                Some(p) => page = Some(p),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Sends events; returns the stored (or, for a retried result, the original) events.
+    pub async fn send_events(&self, session_id: &str, events: Vec<Value>) -> Result<Vec<Value>> {
+        #[derive(serde::Deserialize)]
+        struct Sent {
+            data: Option<Vec<Value>>,
+        }
+        let sent: Sent = self
+            .json(
+                Method::POST,
+                &format!("/v1/sessions/{session_id}/events"),
+                &[],
+                Some(&json!({"events": events})),
+            )
+            .await?;
+        Ok(sent.data.unwrap_or_default())
+    }
+
+    /// Opens the Session's event stream (no retry: callers reconnect and reconcile).
+    pub async fn stream_events(&self, session_id: &str) -> Result<EventStream> {
+        let resp = self
+            .send_once(
+                Method::GET,
+                &format!("/v1/sessions/{session_id}/events/stream"),
+                &[],
+                None,
+            )
+            .await?;
+        Ok(EventStream::new(resp))
+    }
+}
+
+async fn api_error(resp: reqwest::Response) -> ClientError {
+    let status = resp.status();
+    let final_answer = resp
+        .headers()
+        .get("x-should-retry")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("false"));
+    let header_id = resp
+        .headers()
+        .get("request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = resp.bytes().await.unwrap_or_default();
+    match serde_json::from_slice::<ErrorEnvelope>(&bytes) {
+        Ok(env) => ClientError::Api {
+            status,
+            error_code: env.error_code().map(str::to_string),
+            kind: env.error.kind,
+            message: env.error.message,
+            details: env.error.details.map(Value::Object),
+            request_id: env.request_id.or(header_id),
+            final_answer,
+        },
+        Err(_) => ClientError::Api {
+            status,
+            kind: "api_error".into(),
+            message: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+            error_code: None,
+            details: None,
+            request_id: header_id,
+            final_answer,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(status: u16, final_answer: bool) -> ClientError {
+        ClientError::Api {
+            status: StatusCode::from_u16(status).unwrap(),
+            kind: "x".into(),
+            message: "m".into(),
+            error_code: None,
+            details: None,
+            request_id: None,
+            final_answer,
+        }
+    }
+
+    #[test]
+    fn transient_means_408_409_429_and_5xx_unless_the_server_says_final() {
+        for s in [408, 409, 429, 500, 502, 503, 529] {
+            assert!(api(s, false).is_transient(), "{s}");
+            assert!(
+                !api(s, true).is_transient(),
+                "{s} with x-should-retry: false"
+            );
+        }
+        for s in [400, 401, 403, 404, 412, 413, 422] {
+            assert!(!api(s, false).is_transient(), "{s}");
+        }
+        assert!(api(412, false).is_lease_lost());
+    }
+
+    #[test]
+    fn backoff_grows_is_jittered_and_capped() {
+        let p = RetryPolicy {
+            attempts: 10,
+            first_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        };
+        for _ in 0..50 {
+            let d1 = p.delay(1);
+            assert!(d1 >= Duration::from_millis(50) && d1 <= Duration::from_millis(100));
+            let d3 = p.delay(3);
+            assert!(d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400));
+            assert!(p.delay(30) <= Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_the_credential() {
+        let c = Client::new("http://x", "mango_st_secret");
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+}
