@@ -316,3 +316,237 @@ pub fn sessions_token(secret: &str) -> String {
 pub fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
+
+// ------------------------------------------------------------------ sessions
+
+/// A text `user.message` event.
+pub fn user_message(text: &str) -> Value {
+    json!({"type": "user.message", "content": [{"type": "text", "text": text}]})
+}
+
+/// The `id`s of a list page's `data`.
+pub fn data_ids(page: &Value) -> Vec<String> {
+    page["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("expected a page, got {page}"))
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+impl TestApp {
+    /// Creates an Agent with the Workspace key; returns its id.
+    pub async fn create_agent(&self, name: &str) -> String {
+        let r = self
+            .call(
+                Method::POST,
+                "/v1/agents",
+                Some(&self.ws_key),
+                Some(json!({"name": name, "model": "m"})),
+            )
+            .await;
+        r.expect(200);
+        r.body["id"].as_str().unwrap().to_string()
+    }
+
+    /// `POST /v1/sessions` with the Workspace key.
+    pub async fn post_session(&self, body: Value) -> Reply {
+        self.call(Method::POST, "/v1/sessions", Some(&self.ws_key), Some(body))
+            .await
+    }
+
+    /// Creates a Session of a new Agent on `env_id`; returns its id.
+    pub async fn create_session(&self) -> String {
+        let agent = self.create_agent("session agent").await;
+        self.create_session_for(&agent).await
+    }
+
+    pub async fn create_session_for(&self, agent: &str) -> String {
+        let r = self
+            .post_session(json!({"agent": agent, "environment_id": self.env_id}))
+            .await;
+        r.expect(200);
+        r.body["id"].as_str().unwrap().to_string()
+    }
+
+    /// `POST /v1/sessions/{id}/events` with `credential`.
+    pub async fn send_as(&self, session: &str, credential: &str, events: Value) -> Reply {
+        self.call(
+            Method::POST,
+            &format!("/v1/sessions/{session}/events"),
+            Some(credential),
+            Some(json!({ "events": events })),
+        )
+        .await
+    }
+
+    /// `POST /v1/sessions/{id}/events` with the Workspace key.
+    pub async fn send(&self, session: &str, events: Value) -> Reply {
+        self.send_as(session, &self.ws_key.clone(), events).await
+    }
+
+    /// `GET /v1/sessions/{id}/events{query}` with the Workspace key.
+    pub async fn list_events(&self, session: &str, query: &str) -> Reply {
+        self.call(
+            Method::GET,
+            &format!("/v1/sessions/{session}/events{query}"),
+            Some(&self.ws_key),
+            None,
+        )
+        .await
+    }
+
+    /// Every event of a Session, ascending, following `next_page`.
+    pub async fn all_events(&self, session: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let q = match &page {
+                Some(p) => format!("?limit=1000&page={}", urlencode(p)),
+                None => "?limit=1000".to_string(),
+            };
+            let r = self.list_events(session, &q).await;
+            r.expect(200);
+            out.extend(r.body["data"].as_array().unwrap().iter().cloned());
+            match r.body["next_page"].as_str() {
+                Some(p) if !p.is_empty() => page = Some(p.to_string()),
+                _ => return out,
+            }
+        }
+    }
+
+    /// Poll → Ack for the Session Work in the queue; returns the claim.
+    pub async fn claim_session_work(&self) -> Claim {
+        let claim = self.poll().await.expect("session Work to claim");
+        assert_eq!(claim.work["data"]["type"], "session", "{}", claim.work);
+        self.ack(&claim.id).await.expect(200);
+        claim
+    }
+
+    /// Count of rows in `table` for `session` (`session_id` column).
+    pub async fn count_for(&self, table: &str, session: &str) -> i64 {
+        sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE session_id = $1"
+        ))
+        .bind(session)
+        .fetch_one(&self.db)
+        .await
+        .unwrap()
+    }
+
+    /// (event rows, Work rows, outbox rows) of a Session.
+    pub async fn session_counts(&self, session: &str) -> (i64, i64, i64) {
+        (
+            self.count_for("session_events", session).await,
+            self.count_for("work", session).await,
+            self.count_for("outbox", session).await,
+        )
+    }
+
+    /// `(id, state)` of every Work row of a Session, oldest first.
+    pub async fn session_work(&self, session: &str) -> Vec<(String, String)> {
+        sqlx::query_as("SELECT id, state FROM work WHERE session_id = $1 ORDER BY created_at, id")
+            .bind(session)
+            .fetch_all(&self.db)
+            .await
+            .unwrap()
+    }
+
+    /// Opens `GET /v1/sessions/{id}/events/stream` with `credential`.
+    pub async fn open_stream(&self, session: &str, credential: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}/v1/sessions/{session}/events/stream", self.base))
+            .bearer_auth(credential)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// One SSE frame: its `event:` name (if any) and its joined `data:` lines.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub event: Option<String>,
+    pub data: String,
+}
+
+impl Frame {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.data)
+            .unwrap_or_else(|e| panic!("frame data is not JSON ({e}): {:?}", self.data))
+    }
+}
+
+/// Reads SSE frames from a response, splitting on blank lines.
+pub struct SseReader {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl SseReader {
+    pub fn new(resp: reqwest::Response) -> SseReader {
+        SseReader {
+            resp,
+            buf: Vec::new(),
+            done: false,
+        }
+    }
+
+    fn take_frame(&mut self) -> Option<String> {
+        // axum writes `\n` line endings; a frame ends at the first blank line.
+        let at = self.buf.windows(2).position(|w| w == b"\n\n")?;
+        let frame = String::from_utf8_lossy(&self.buf[..at]).into_owned();
+        self.buf.drain(..at + 2);
+        Some(frame)
+    }
+
+    /// The next complete frame (comment-only frames skipped); `None` when the stream ends.
+    pub async fn next_frame(&mut self) -> Option<Frame> {
+        loop {
+            while let Some(raw) = self.take_frame() {
+                let mut event = None;
+                let mut data: Vec<String> = Vec::new();
+                let mut any = false;
+                for line in raw.lines() {
+                    if line.starts_with(':') {
+                        continue;
+                    }
+                    any = true;
+                    let (field, value) = match line.split_once(':') {
+                        Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                        None => (line, ""),
+                    };
+                    match field {
+                        "event" => event = Some(value.to_string()),
+                        "data" => data.push(value.to_string()),
+                        _ => {}
+                    }
+                }
+                if any {
+                    return Some(Frame {
+                        event,
+                        data: data.join("\n"),
+                    });
+                }
+            }
+            if self.done {
+                return None;
+            }
+            match self.resp.chunk().await {
+                Ok(Some(bytes)) => self.buf.extend_from_slice(&bytes),
+                Ok(None) | Err(_) => self.done = true,
+            }
+        }
+    }
+
+    /// The next non-ping frame.
+    pub async fn next_event(&mut self) -> Option<Frame> {
+        loop {
+            let f = self.next_frame().await?;
+            if f.event.as_deref() != Some("ping") {
+                return Some(f);
+            }
+        }
+    }
+}

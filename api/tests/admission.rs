@@ -1,0 +1,632 @@
+//! Session Work admission (spec §5): runnable input makes exactly one live
+//! Work (coalescing) and an outbox row in one transaction; input after the
+//! Work stopped makes a new activation; concurrency; atomicity under an
+//! injected failure; the permission barrier; and Fail terminating the Session.
+
+mod common;
+use common::*;
+
+use mango_api::admission::append_agent_events;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::time::timeout;
+
+#[track_caller]
+fn assert_error(r: &Reply, status: u16, code: &str) {
+    r.expect(status);
+    assert_eq!(r.code(), Some(code), "{}", r.body);
+}
+
+async fn live_work(app: &TestApp, session: &str) -> Vec<(String, String)> {
+    app.session_work(session)
+        .await
+        .into_iter()
+        .filter(|(_, state)| state != "stopped")
+        .collect()
+}
+
+async fn last_seq(app: &TestApp, session: &str) -> i64 {
+    sqlx::query_scalar("SELECT last_seq FROM sessions WHERE id = $1")
+        .bind(session)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+async fn stop_work(app: &TestApp, id: &str, force: bool) {
+    app.call(
+        Method::POST,
+        &app.work_path(&format!("/{id}/stop")),
+        Some(&app.ws_key),
+        Some(json!({ "force": force })),
+    )
+    .await
+    .expect(204);
+}
+
+// ------------------------------------------------------------------ coalescing
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn runnable_input_creates_one_work_and_one_outbox_row(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+
+    // Non-runnable input needs no worker.
+    app.send(&s, json!([{"type": "user.interrupt"}]))
+        .await
+        .expect(200);
+    assert!(app.session_work(&s).await.is_empty());
+    let outbox_before = app.count_for("outbox", &s).await;
+
+    app.send(&s, json!([user_message("hi")])).await.expect(200);
+    let work = app.session_work(&s).await;
+    assert_eq!(work.len(), 1);
+    assert_eq!(work[0].1, "queued");
+    assert_eq!(app.count_for("outbox", &s).await, outbox_before + 1);
+    // The outbox row and the Work were written with the events: same instant,
+    // and the outbox points at the Session's last event.
+    let (outbox_seq, outbox_at, work_at): (i64, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as(
+            "SELECT o.last_seq, o.created_at, w.created_at FROM outbox o JOIN work w ON w.session_id = o.session_id
+             WHERE o.session_id = $1 ORDER BY o.id DESC LIMIT 1",
+        )
+        .bind(&s)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(outbox_seq, last_seq(&app, &s).await);
+    assert_eq!(outbox_seq, 2);
+    assert_eq!(outbox_at, work_at, "one transaction, one clock reading");
+    let w = app.get_work(&work[0].0).await;
+    assert_eq!(w["data"], json!({"type": "session", "id": s}));
+    assert_eq!(w["environment_id"], app.env_id.as_str());
+
+    // Agent-loop events never create Work.
+    let other = app.create_session().await;
+    append_agent_events(
+        &app.db,
+        &other,
+        vec![json!({"type": "agent.message", "content": [{"type": "text", "text": "x"}]})],
+    )
+    .await
+    .unwrap();
+    assert!(app.session_work(&other).await.is_empty());
+}
+
+/// Sends input while the Session's only Work `first` is in `state`: no new
+/// Work, one more outbox row. Returns the new outbox count.
+async fn coalesces(app: &TestApp, s: &str, first: &str, state: &str, outbox: i64) -> i64 {
+    app.send(s, json!([user_message(state)])).await.expect(200);
+    let work = app.session_work(s).await;
+    assert_eq!(
+        work,
+        vec![(first.to_string(), state.to_string())],
+        "coalesced while {state}"
+    );
+    assert_eq!(
+        app.count_for("outbox", s).await,
+        outbox + 1,
+        "a new outbox row while {state}"
+    );
+    outbox + 1
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn input_coalesces_while_work_lives_and_reactivates_after_it_stops(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("1")])).await.expect(200);
+    let first = app.session_work(&s).await[0].0.clone();
+    let mut outbox = app.count_for("outbox", &s).await;
+
+    outbox = coalesces(&app, &s, &first, "queued", outbox).await;
+    let claim = app.poll().await.expect("claim");
+    assert_eq!(claim.id, first);
+    outbox = coalesces(&app, &s, &first, "queued", outbox).await; // claimed, not yet acknowledged
+    app.ack(&claim.id).await.expect(200);
+    outbox = coalesces(&app, &s, &first, "starting", outbox).await;
+    app.heartbeat(&claim.id, &claim.token, "NO_HEARTBEAT")
+        .await
+        .expect(200);
+    outbox = coalesces(&app, &s, &first, "active", outbox).await;
+    stop_work(&app, &first, false).await;
+    coalesces(&app, &s, &first, "stopping", outbox).await;
+    stop_work(&app, &first, true).await;
+    assert_eq!(app.session_work(&s).await[0].1, "stopped");
+
+    // New input after the Work stopped: a new activation.
+    app.send(&s, json!([user_message("again")]))
+        .await
+        .expect(200);
+    let work = app.session_work(&s).await;
+    assert_eq!(work.len(), 2);
+    let live = live_work(&app, &s).await;
+    assert_eq!(live.len(), 1);
+    assert_ne!(live[0].0, first, "a new work id");
+    assert_eq!(live[0].1, "queued");
+    let next = app.poll().await.expect("the new activation is claimable");
+    assert_eq!(next.id, live[0].0);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn concurrent_input_still_makes_exactly_one_live_work(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    for round in 0..3 {
+        let s = app.create_session().await;
+        let sends = (0..20).map(|i| {
+            let app = &app;
+            let s = s.clone();
+            async move {
+                app.send(&s, json!([user_message(&format!("{round}-{i}"))]))
+                    .await
+            }
+        });
+        let replies = timeout(Duration::from_secs(30), futures::future::join_all(sends))
+            .await
+            .expect("20 sends finish");
+        for r in &replies {
+            r.expect(200);
+        }
+        assert_eq!(app.session_work(&s).await.len(), 1, "round {round}");
+        assert_eq!(live_work(&app, &s).await.len(), 1);
+        assert_eq!(app.count_for("session_events", &s).await, 20);
+        assert_eq!(app.count_for("outbox", &s).await, 20);
+        assert_eq!(last_seq(&app, &s).await, 20);
+        // Sequence numbers are dense: 1..=20.
+        let seqs: Vec<i64> =
+            sqlx::query_scalar("SELECT seq FROM session_events WHERE session_id = $1 ORDER BY seq")
+                .bind(&s)
+                .fetch_all(&app.db)
+                .await
+                .unwrap();
+        assert_eq!(seqs, (1..=20).collect::<Vec<i64>>());
+    }
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_failed_outbox_write_rolls_back_the_events_and_the_work(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("first")]))
+        .await
+        .expect(200);
+    let first = app.session_work(&s).await[0].0.clone();
+    stop_work(&app, &first, true).await;
+    let before = app.session_counts(&s).await;
+    let seq_before = last_seq(&app, &s).await;
+    assert_eq!(before, (1, 1, 1));
+
+    sqlx::query(
+        "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'boom: outbox write refused by test'; END $$",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query("CREATE TRIGGER boom BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION boom()")
+        .execute(&app.db)
+        .await
+        .unwrap();
+
+    let r = app.send(&s, json!([user_message("doomed")])).await;
+    r.expect(500);
+    assert_eq!(r.error_type(), Some("api_error"));
+    assert!(
+        !r.body.to_string().contains("boom"),
+        "internal errors are not leaked: {}",
+        r.body
+    );
+    assert_eq!(
+        app.session_counts(&s).await,
+        before,
+        "no event, Work or outbox row"
+    );
+    assert_eq!(last_seq(&app, &s).await, seq_before);
+    assert!(live_work(&app, &s).await.is_empty());
+    let texts: Vec<Value> = app
+        .all_events(&s)
+        .await
+        .iter()
+        .map(|e| e["content"][0]["text"].clone())
+        .collect();
+    assert_eq!(texts, vec![json!("first")]);
+    // Session creation with initial events is one transaction too.
+    let agent = app.create_agent("a").await;
+    let r = app
+        .post_session(json!({"agent": agent, "environment_id": app.env_id,
+            "initial_events": [user_message("x")]}))
+        .await;
+    r.expect(500);
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 1, "no half-created Session");
+
+    sqlx::query("DROP TRIGGER boom ON outbox")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.send(&s, json!([user_message("works")]))
+        .await
+        .expect(200);
+    assert_eq!(app.session_counts(&s).await, (2, 2, 2));
+    assert_eq!(last_seq(&app, &s).await, seq_before + 1);
+    assert_eq!(live_work(&app, &s).await.len(), 1);
+}
+
+// ------------------------------------------------------------------ permission barrier
+
+fn tool_use(permission: Option<&str>, thread: Option<&str>) -> Value {
+    let mut e = json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "ls"}});
+    if let Some(p) = permission {
+        e["evaluated_permission"] = json!(p);
+    }
+    if let Some(t) = thread {
+        e["session_thread_id"] = json!(t);
+    }
+    e
+}
+
+fn tool_result(id: &str) -> Value {
+    json!({"type": "user.tool_result", "tool_use_id": id, "is_error": false,
+           "content": [{"type": "text", "text": "out"}]})
+}
+
+fn confirm(id: &str, result: &str) -> Value {
+    json!({"type": "user.tool_confirmation", "tool_use_id": id, "result": result})
+}
+
+async fn append_one(app: &TestApp, s: &str, event: Value) -> String {
+    let stored = append_agent_events(&app.db, s, vec![event]).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    stored[0]["id"].as_str().unwrap().to_string()
+}
+
+/// A Session with acknowledged Work: (session, worker token).
+async fn worked_session(app: &TestApp) -> (String, String) {
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("start")]))
+        .await
+        .expect(200);
+    let claim = app.claim_session_work().await;
+    (s, claim.token)
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn ask_waits_for_a_persisted_allow_then_takes_one_result(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, tok) = worked_session(&app).await;
+    let call = append_one(&app, &s, tool_use(Some("ask"), None)).await;
+    let events = app.count_for("session_events", &s).await;
+
+    let r = app.send_as(&s, &tok, json!([tool_result(&call)])).await;
+    assert_error(&r, 409, "awaiting_confirmation");
+    assert_eq!(r.error_type(), Some("conflict_error"));
+    // The worker may not confirm.
+    let r = app
+        .send_as(&s, &tok, json!([confirm(&call, "allow")]))
+        .await;
+    r.expect(403);
+    assert_eq!(r.error_type(), Some("permission_error"));
+    assert_eq!(app.count_for("session_events", &s).await, events);
+
+    // The operator allows; a retried allow returns the same event.
+    let r = app.send(&s, json!([confirm(&call, "allow")])).await;
+    r.expect(200);
+    let confirmation = r.body["data"][0].clone();
+    assert_eq!(confirmation["type"], "user.tool_confirmation");
+    assert_eq!(confirmation["tool_use_id"], call.as_str());
+    let again = app.send(&s, json!([confirm(&call, "allow")])).await;
+    again.expect(200);
+    assert_eq!(again.body["data"][0], confirmation);
+    let r = app.send(&s, json!([confirm(&call, "deny")])).await;
+    assert_error(&r, 409, "already_confirmed");
+    assert_eq!(app.count_for("session_events", &s).await, events + 1);
+
+    // Now the worker's result is accepted, once.
+    let r = app.send_as(&s, &tok, json!([tool_result(&call)])).await;
+    r.expect(200);
+    let result = r.body["data"][0].clone();
+    assert_eq!(result["type"], "user.tool_result");
+    assert_eq!(result["tool_use_id"], call.as_str());
+    assert!(result.get("session_thread_id").is_none_or(Value::is_null));
+    let n = app.count_for("session_events", &s).await;
+    assert_eq!(n, events + 2);
+    let outbox = app.count_for("outbox", &s).await;
+    let dup = app.send_as(&s, &tok, json!([tool_result(&call)])).await;
+    assert!(dup.status.is_success(), "{}", dup.body);
+    assert_eq!(dup.body["data"][0], result, "the original result event");
+    assert_eq!(
+        app.count_for("session_events", &s).await,
+        n,
+        "nothing new stored"
+    );
+    assert_eq!(app.count_for("outbox", &s).await, outbox);
+    // A confirmation after the result changes nothing either.
+    let r = app.send(&s, json!([confirm(&call, "allow")])).await;
+    r.expect(200);
+    assert_eq!(app.count_for("session_events", &s).await, n);
+    assert_eq!(live_work(&app, &s).await.len(), 1);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn denied_calls_never_take_a_result(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, tok) = worked_session(&app).await;
+
+    // Denied by confirmation.
+    let asked = append_one(&app, &s, tool_use(Some("ask"), None)).await;
+    let r = app
+        .send(
+            &s,
+            json!([{"type": "user.tool_confirmation", "tool_use_id": asked, "result": "deny", "deny_message": "no"}]),
+        )
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["data"][0]["deny_message"], "no");
+    let n = app.count_for("session_events", &s).await;
+    let r = app.send_as(&s, &tok, json!([tool_result(&asked)])).await;
+    assert_error(&r, 409, "tool_use_denied");
+    let r = app.send(&s, json!([confirm(&asked, "allow")])).await;
+    assert_error(&r, 409, "already_confirmed");
+
+    // Denied by policy.
+    let denied = append_one(&app, &s, tool_use(Some("deny"), None)).await;
+    let n2 = app.count_for("session_events", &s).await;
+    assert_eq!(n2, n + 1);
+    let r = app.send_as(&s, &tok, json!([tool_result(&denied)])).await;
+    assert_error(&r, 409, "tool_use_denied");
+    let r = app.send(&s, json!([confirm(&denied, "allow")])).await;
+    assert_error(&r, 409, "confirmation_not_requested");
+    assert_eq!(app.count_for("session_events", &s).await, n2);
+
+    // Allowed (explicitly or by absence): the result is accepted at once.
+    for permission in [Some("allow"), None] {
+        let ok = append_one(&app, &s, tool_use(permission, None)).await;
+        app.send_as(&s, &tok, json!([tool_result(&ok)]))
+            .await
+            .expect(200);
+        let r = app.send(&s, json!([confirm(&ok, "allow")])).await;
+        assert_error(&r, 409, "confirmation_not_requested");
+    }
+    // An unknown evaluated_permission is treated as ask.
+    let odd = append_one(&app, &s, tool_use(Some("something_new"), None)).await;
+    let r = app.send_as(&s, &tok, json!([tool_result(&odd)])).await;
+    assert_error(&r, 409, "awaiting_confirmation");
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn results_must_name_a_call_of_this_session_and_kind(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, tok) = worked_session(&app).await;
+    let other = app.create_session().await;
+    let foreign = append_one(&app, &other, tool_use(Some("allow"), None)).await;
+    let n = app.count_for("session_events", &s).await;
+
+    let r = app.send_as(&s, &tok, json!([tool_result(&foreign)])).await;
+    assert_error(&r, 400, "unknown_tool_use_id");
+    let r = app.send(&s, json!([confirm(&foreign, "allow")])).await;
+    assert_error(&r, 400, "unknown_tool_use_id");
+    let r = app
+        .send_as(
+            &s,
+            &tok,
+            json!([{"type": "user.custom_tool_result", "custom_tool_use_id": "sevt_nope"}]),
+        )
+        .await;
+    assert_error(&r, 400, "unknown_tool_use_id");
+    assert_eq!(app.count_for("session_events", &s).await, n);
+    assert_eq!(app.count_for("session_events", &other).await, 1);
+
+    // Custom tool calls take user.custom_tool_result, not user.tool_result.
+    let custom = append_one(
+        &app,
+        &s,
+        json!({"type": "agent.custom_tool_use", "name": "lookup", "input": {"id": "1"}}),
+    )
+    .await;
+    let r = app.send_as(&s, &tok, json!([tool_result(&custom)])).await;
+    assert_error(&r, 400, "wrong_result_type");
+    let r = app.send(&s, json!([confirm(&custom, "allow")])).await;
+    assert_error(&r, 409, "confirmation_not_requested");
+    let r = app
+        .send_as(
+            &s,
+            &tok,
+            json!([{"type": "user.custom_tool_result", "custom_tool_use_id": custom,
+                    "content": [{"type": "text", "text": "found"}], "is_error": false}]),
+        )
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["data"][0]["type"], "user.custom_tool_result");
+    assert_eq!(r.body["data"][0]["custom_tool_use_id"], custom.as_str());
+    // And a toolset call does not take a custom result.
+    let tool = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+    let r = app
+        .send_as(
+            &s,
+            &tok,
+            json!([{"type": "user.custom_tool_result", "custom_tool_use_id": tool}]),
+        )
+        .await;
+    assert_error(&r, 400, "wrong_result_type");
+    app.send_as(&s, &tok, json!([tool_result(&tool)]))
+        .await
+        .expect(200);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn results_inherit_the_calls_thread(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, tok) = worked_session(&app).await;
+    let threaded = append_one(&app, &s, tool_use(Some("ask"), Some("sthr_sub1"))).await;
+    let r = app.send(&s, json!([confirm(&threaded, "allow")])).await;
+    r.expect(200);
+    assert_eq!(r.body["data"][0]["session_thread_id"], "sthr_sub1");
+    let r = app.send_as(&s, &tok, json!([tool_result(&threaded)])).await;
+    r.expect(200);
+    assert_eq!(r.body["data"][0]["session_thread_id"], "sthr_sub1");
+    let custom = append_one(
+        &app,
+        &s,
+        json!({"type": "agent.custom_tool_use", "name": "c", "input": {}, "session_thread_id": "sthr_sub2"}),
+    )
+    .await;
+    let r = app
+        .send_as(
+            &s,
+            &tok,
+            json!([{"type": "user.custom_tool_result", "custom_tool_use_id": custom}]),
+        )
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["data"][0]["session_thread_id"], "sthr_sub2");
+    // History stores it too.
+    let stored = app.all_events(&s).await;
+    let result = stored
+        .iter()
+        .find(|e| e["type"] == "user.tool_result")
+        .unwrap();
+    assert_eq!(result["session_thread_id"], "sthr_sub1");
+    // A call without a thread gives a result without one.
+    let plain = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+    let r = app.send_as(&s, &tok, json!([tool_result(&plain)])).await;
+    r.expect(200);
+    assert!(r.body["data"][0]
+        .get("session_thread_id")
+        .is_none_or(Value::is_null));
+}
+
+// ------------------------------------------------------------------ Fail
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn fail_stops_the_work_and_terminates_the_session(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("go")])).await.expect(200);
+    let claim = app.claim_session_work().await;
+    let n = app.count_for("session_events", &s).await;
+
+    let r = app
+        .call(
+            Method::POST,
+            &app.work_path(&format!("/{}/fail", claim.id)),
+            Some(&claim.token),
+            Some(json!({"error": {"message": "m"}})),
+        )
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["state"], "stopped");
+    assert_eq!(app.get_work(&claim.id).await["state"], "stopped");
+    assert!(live_work(&app, &s).await.is_empty());
+
+    let session = app
+        .call(
+            Method::GET,
+            &format!("/v1/sessions/{s}"),
+            Some(&app.ws_key),
+            None,
+        )
+        .await;
+    session.expect(200);
+    assert_eq!(session.body["status"], "terminated");
+    let events = app.all_events(&s).await;
+    assert_eq!(events.len() as i64, n + 2);
+    let err = &events[events.len() - 2];
+    let term = &events[events.len() - 1];
+    assert_eq!(err["type"], "session.error");
+    assert_eq!(err["error"]["type"], "session_input_failed_error");
+    assert_eq!(err["error"]["message"], "m");
+    assert_eq!(err["error"]["retry_status"]["type"], "terminal");
+    assert_eq!(term["type"], "session.status_terminated");
+    assert!(term["processed_at"].is_string());
+
+    // Terminated: no more input, no new Work.
+    let counts = app.session_counts(&s).await;
+    let r = app.send(&s, json!([user_message("more")])).await;
+    assert_error(&r, 409, "session_terminated");
+    assert_eq!(app.session_counts(&s).await, counts);
+    assert!(live_work(&app, &s).await.is_empty());
+    // The token died with the Work.
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/sessions/{s}"),
+            Some(&claim.token),
+            None,
+        )
+        .await;
+    r.expect(401);
+    let r = app
+        .call(
+            Method::POST,
+            &app.work_path(&format!("/{}/fail", claim.id)),
+            Some(&claim.token),
+            Some(json!({"error": {"message": "again"}})),
+        )
+        .await;
+    r.expect(401);
+    assert_eq!(app.count_for("session_events", &s).await, n + 2);
+    // The list filter sees it.
+    let list = app
+        .call(
+            Method::GET,
+            "/v1/sessions?statuses[]=terminated",
+            Some(&app.ws_key),
+            None,
+        )
+        .await;
+    assert_eq!(data_ids(&list.body), vec![s.clone()]);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn fail_is_one_transaction_with_the_session_events(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("go")])).await.expect(200);
+    let claim = app.claim_session_work().await;
+    let before = app.session_counts(&s).await;
+
+    // The terminating events cannot be written: the Work must not stop either.
+    sqlx::query(
+        "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'boom: event write refused by test'; END $$",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER boom BEFORE INSERT ON session_events FOR EACH ROW EXECUTE FUNCTION boom()",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let fail_path = app.work_path(&format!("/{}/fail", claim.id));
+    let fail = |message: &'static str| {
+        app.call(
+            Method::POST,
+            &fail_path,
+            Some(&claim.token),
+            Some(json!({"error": {"message": message}})),
+        )
+    };
+    fail("m").await.expect(500);
+    assert_eq!(app.get_work(&claim.id).await["state"], "starting");
+    assert_eq!(app.session_counts(&s).await, before);
+    let status: String = sqlx::query_scalar("SELECT status FROM sessions WHERE id = $1")
+        .bind(&s)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    assert_eq!(status, "idle");
+
+    sqlx::query("DROP TRIGGER boom ON session_events")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    fail("m").await.expect(200);
+    assert_eq!(app.get_work(&claim.id).await["state"], "stopped");
+    assert_eq!(app.count_for("session_events", &s).await, before.0 + 2);
+}
