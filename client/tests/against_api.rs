@@ -1,9 +1,8 @@
 //! The client against a real `mango` api on PostgreSQL (`DATABASE_URL`).
 
-use mango_api::store::keys;
-use mango_api::{server, ApiContext, Settings};
+use mango_api::fixtures::LiveApi;
 use mango_client::{Client, RetryPolicy, StreamFrame};
-use mango_protocol::{time, WorkState};
+use mango_protocol::WorkState;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -13,37 +12,18 @@ struct Api {
     ws_secret: String,
     env_id: String,
     env: Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _live: LiveApi,
 }
 
 async fn start(db: sqlx::PgPool) -> Api {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let ctx = ApiContext::new(db.clone(), Settings::default());
-    tokio::spawn(async move {
-        server::serve(ctx, listener, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap()
-    });
-    let (_, ws_secret) = keys::create(&db, "wrkspc_default", None, "t", time::now())
-        .await
-        .unwrap();
-    let ws = Client::new(&base, &ws_secret);
-    let env_id = ws.create_environment("client test").await.unwrap().id;
-    let (_, env_secret) = keys::create(&db, "wrkspc_default", Some(&env_id), "sup", time::now())
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let live = LiveApi::start(db).await;
     Api {
-        env: Client::new(&base, &env_secret),
-        base,
-        ws,
-        ws_secret,
-        env_id,
-        _stop: tx,
+        base: live.base.clone(),
+        ws: Client::new(&live.base, &live.workspace_key),
+        ws_secret: live.workspace_key.clone(),
+        env_id: live.environment_id.clone(),
+        env: Client::new(&live.base, &live.environment_key),
+        _live: live,
     }
 }
 
