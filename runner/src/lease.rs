@@ -1,0 +1,124 @@
+//! Keeping the Work lease: the first heartbeat (NO_HEARTBEAT) before any tool
+//! runs, then a beat at most every TTL/2, echoing the previous answer. Any sign
+//! the lease is gone cancels `lost`, which cancels running tools.
+
+use mango_client::{Client, ClientError};
+use mango_protocol::{HeartbeatResponse, WorkState};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Why the keeper stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The runner finished and released the keeper.
+    Released,
+    /// The server asked the holder to stop (`stopping`, or not extended).
+    StopRequested,
+    /// 412: another holder owns the lease. Never Stop it.
+    Lost,
+    /// The token is no longer accepted (401/403/404…).
+    Rejected(String),
+    /// Transient failures outlasted the retries: leave the lease to expire so
+    /// Poll can reclaim the item.
+    Unreachable(String),
+}
+
+impl LeaseEnd {
+    /// May the runner still force-Stop the item on its way out?
+    pub fn may_stop(&self) -> bool {
+        matches!(self, LeaseEnd::Released | LeaseEnd::StopRequested)
+    }
+}
+
+pub struct Lease {
+    pub client: Client,
+    pub environment_id: String,
+    pub work_id: String,
+}
+
+fn classify(err: ClientError) -> LeaseEnd {
+    if err.is_lease_lost() {
+        LeaseEnd::Lost
+    } else if err.is_transient() {
+        LeaseEnd::Unreachable(err.to_string())
+    } else {
+        LeaseEnd::Rejected(err.to_string())
+    }
+}
+
+/// Beat again after half the TTL (at least a second).
+pub fn interval(ttl_seconds: i64) -> Duration {
+    Duration::from_millis((ttl_seconds.max(1) as u64) * 500).max(Duration::from_secs(1))
+}
+
+impl Lease {
+    /// The first heartbeat: claims the lease (`starting → active`).
+    pub async fn claim(&self) -> Result<HeartbeatResponse, LeaseEnd> {
+        let beat = self
+            .client
+            .heartbeat(&self.environment_id, &self.work_id, None, None)
+            .await
+            .map_err(classify)?;
+        if beat.state != WorkState::Active || !beat.lease_extended {
+            return Err(LeaseEnd::StopRequested);
+        }
+        Ok(beat)
+    }
+
+    /// Renews until `done` is cancelled or the lease ends; cancels `lost` when
+    /// the holder must stop working.
+    pub async fn keep(
+        &self,
+        mut last: HeartbeatResponse,
+        done: CancellationToken,
+        lost: CancellationToken,
+    ) -> LeaseEnd {
+        let end = loop {
+            tokio::select! {
+                _ = done.cancelled() => break LeaseEnd::Released,
+                _ = tokio::time::sleep(interval(last.ttl_seconds)) => {}
+            }
+            match self
+                .client
+                .heartbeat(
+                    &self.environment_id,
+                    &self.work_id,
+                    Some(&last.last_heartbeat),
+                    None,
+                )
+                .await
+            {
+                Ok(beat) if beat.state == WorkState::Active && beat.lease_extended => last = beat,
+                Ok(_) => break LeaseEnd::StopRequested,
+                Err(err) => break classify(err),
+            }
+        };
+        if end != LeaseEnd::Released {
+            tracing::warn!(work_id = %self.work_id, end = ?end, "lease ended; cancelling work");
+            lost.cancel();
+        }
+        end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renews_at_half_the_ttl_and_never_faster_than_once_a_second() {
+        assert_eq!(interval(120), Duration::from_secs(60));
+        assert_eq!(interval(3), Duration::from_millis(1500));
+        assert_eq!(interval(1), Duration::from_secs(1));
+        assert_eq!(interval(0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn only_a_live_or_released_lease_may_be_stopped_by_its_holder() {
+        assert!(LeaseEnd::Released.may_stop());
+        assert!(LeaseEnd::StopRequested.may_stop());
+        assert!(!LeaseEnd::Lost.may_stop());
+        assert!(!LeaseEnd::Rejected("401".into()).may_stop());
+        assert!(!LeaseEnd::Unreachable("down".into()).may_stop());
+    }
+}

@@ -1,0 +1,4 @@
+pub mod healthcheck;
+pub mod lease;
+pub mod secret;
+pub mod tools;

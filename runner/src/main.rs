@@ -1,0 +1,146 @@
+//! `mango-worker item`: runs one acknowledged Work item inside its sandbox.
+//! Identity comes from the environment; the Work secret arrives once on stdin.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mango_client::Client;
+use mango_runner::healthcheck;
+use mango_runner::lease::Lease;
+use mango_runner::secret;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "mango-worker", version, about = "Mango worker processes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one acknowledged Work item; the Work secret is read from stdin.
+    Item(Identity),
+}
+
+#[derive(clap::Args)]
+struct Identity {
+    #[arg(long, env = "MANGO_BASE_URL")]
+    base_url: String,
+    #[arg(long, env = "MANGO_WORK_ID")]
+    work_id: String,
+    #[arg(long, env = "MANGO_ENVIRONMENT_ID")]
+    environment_id: String,
+    /// `session` or `healthcheck`.
+    #[arg(long, env = "MANGO_WORK_TYPE")]
+    work_type: String,
+    #[arg(long, env = "MANGO_SESSION_ID")]
+    session_id: Option<String>,
+    #[arg(long, env = "MANGO_WORKSPACE", default_value = "/workspace")]
+    workspace: PathBuf,
+    /// How long to wait for the secret on stdin.
+    #[arg(long, default_value_t = 30)]
+    secret_timeout_seconds: u64,
+}
+
+fn main() -> ExitCode {
+    // Before anything else, and before the secret exists in this process.
+    if let Err(err) = secret::become_non_dumpable() {
+        eprintln!("mango-worker: cannot make the process non-dumpable: {err}");
+        return ExitCode::from(2);
+    }
+    let Cli {
+        command: Command::Item(identity),
+    } = Cli::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("MANGO_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(run_item(identity)) {
+        Ok(code) => code,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "item runner failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_item(id: Identity) -> anyhow::Result<ExitCode> {
+    // Only healthchecks run here yet. Any other type is left untouched before
+    // claiming its lease, so it expires and Poll hands the item to a worker
+    // that can run it.
+    if id.work_type != "healthcheck" {
+        tracing::error!(work_id = %id.work_id, work_type = %id.work_type, "this runner does not run this Work type; leaving it to be reclaimed");
+        return Ok(ExitCode::from(3));
+    }
+    let raw = secret::read_stdin(Duration::from_secs(id.secret_timeout_seconds))
+        .await
+        .context("reading the Work secret")?;
+    let token = secret::sessions_token(&raw).context("decoding the Work secret")?;
+    drop(raw);
+    let client = Client::new(&id.base_url, &token);
+    drop(token);
+    let lease = Lease {
+        client: client.clone(),
+        environment_id: id.environment_id.clone(),
+        work_id: id.work_id.clone(),
+    };
+
+    let first = match lease.claim().await {
+        Ok(beat) => beat,
+        Err(end) => {
+            tracing::warn!(work_id = %id.work_id, end = ?end, "could not claim the lease");
+            return Ok(ExitCode::from(4));
+        }
+    };
+    tracing::info!(work_id = %id.work_id, ttl_seconds = first.ttl_seconds, "lease claimed");
+    let (done, lost) = (CancellationToken::new(), CancellationToken::new());
+    let keeper = lease.keep(first, done.clone(), lost.clone());
+    let probe = async {
+        let outcome = tokio::select! {
+            outcome = healthcheck::probe(&id.workspace) => Some(outcome),
+            _ = lost.cancelled() => None,
+        };
+        done.cancel();
+        outcome
+    };
+    let (end, outcome) = tokio::join!(keeper, probe);
+    let Some(outcome) = outcome else {
+        tracing::warn!(work_id = %id.work_id, end = ?end, "lease ended before the probe finished");
+        return Ok(ExitCode::from(4));
+    };
+    let (succeeded, message) = match outcome {
+        Ok(()) => (true, healthcheck::PASSED.to_string()),
+        Err(reason) => (false, reason),
+    };
+    // The Result stores the outcome and stops the Work in one step.
+    match client
+        .result(&id.environment_id, &id.work_id, succeeded, &message)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(work_id = %id.work_id, succeeded, message = %message, "healthcheck reported");
+            Ok(if succeeded {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Err(err) => {
+            tracing::error!(work_id = %id.work_id, error = %err, "could not report the healthcheck result");
+            if end.may_stop() {
+                let _ = client.stop(&id.environment_id, &id.work_id, true).await;
+            }
+            Ok(ExitCode::from(5))
+        }
+    }
+}

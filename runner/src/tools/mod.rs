@@ -1,0 +1,324 @@
+//! The six workspace tools of the item runner: `bash`, `read`, `write`,
+//! `edit`, `glob` and `grep` (spec §8; SDK behaviour reference §4, with the
+//! Mango differences: persistent PTY bash that restarts itself after a
+//! closed shell, exit codes in results, symlink-aware confinement).
+
+pub mod bash;
+pub mod files;
+pub mod paths;
+pub mod search;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use tokio_util::sync::CancellationToken;
+
+/// The six tool names, in their canonical order.
+pub const TOOL_NAMES: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
+
+/// Default whole-file cap for `read` / `edit`.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 262_144;
+/// Runner-wide per-call deadline.
+pub const DEFAULT_TOOL_DEADLINE: Duration = Duration::from_secs(150);
+
+/// Where the tools run and what they may touch.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The session's working directory (`/workspace`).
+    pub workspace: PathBuf,
+    /// Extra roots the file tools may use (attached Memory Store roots).
+    pub allowed_roots: Vec<PathBuf>,
+    /// Roots `write` / `edit` refuse (read-only Memory Stores).
+    pub read_only_roots: Vec<PathBuf>,
+    /// Runner-wide deadline for any one call (150 s).
+    pub tool_deadline: Duration,
+    /// Whole-file cap for `read` / `edit` (262144).
+    pub max_file_bytes: u64,
+}
+
+impl ToolContext {
+    /// A context with the default limits and no extra roots.
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        Self {
+            workspace: workspace.into(),
+            allowed_roots: Vec::new(),
+            read_only_roots: Vec::new(),
+            tool_deadline: DEFAULT_TOOL_DEADLINE,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+        }
+    }
+}
+
+/// The result of one tool call, already in the Sessions content-block shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    /// `{"type":"text","text":…}`, `image` or `document` blocks.
+    pub content: Vec<Value>,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    /// One text block; empty text becomes `(no output)`.
+    pub fn text(text: impl Into<String>, is_error: bool) -> Self {
+        let mut text: String = text.into();
+        if text.is_empty() {
+            text = "(no output)".to_string();
+        }
+        Self {
+            content: vec![json!({"type": "text", "text": text})],
+            is_error,
+        }
+    }
+
+    pub fn ok(text: impl Into<String>) -> Self {
+        Self::text(text, false)
+    }
+
+    pub fn error(text: impl Into<String>) -> Self {
+        Self::text(text, true)
+    }
+
+    /// Concatenated text of all text blocks (handy for logs and tests).
+    pub fn text_content(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+/// The environment every tool subprocess gets: an allow-list, never any
+/// `MANGO_*` / `ANTHROPIC_*` variable.
+pub fn tool_env(workspace: &std::path::Path) -> Vec<(String, String)> {
+    fn pass(name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.is_empty())
+    }
+    let mut env = vec![
+        (
+            "PATH".to_string(),
+            pass("PATH").unwrap_or_else(|| {
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()
+            }),
+        ),
+        (
+            "HOME".to_string(),
+            pass("HOME").unwrap_or_else(|| workspace.display().to_string()),
+        ),
+        (
+            "LANG".to_string(),
+            pass("LANG").unwrap_or_else(|| "C.UTF-8".to_string()),
+        ),
+        ("TERM".to_string(), "dumb".to_string()),
+        ("PS1".to_string(), String::new()),
+        ("PS2".to_string(), String::new()),
+    ];
+    env.retain(|(k, _)| !is_secret_name(k));
+    env
+}
+
+fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.starts_with("MANGO_") || upper.starts_with("ANTHROPIC_")
+}
+
+/// Owns the persistent bash session and dispatches the six tools.
+pub struct Toolset {
+    ctx: Arc<ToolContext>,
+    bash: bash::BashSession,
+}
+
+impl Toolset {
+    pub fn new(ctx: ToolContext) -> Self {
+        let ctx = Arc::new(ctx);
+        Self {
+            bash: bash::BashSession::new(ctx.clone()),
+            ctx,
+        }
+    }
+
+    /// Whether `name` is one of the six workspace tools.
+    pub fn owns(name: &str) -> bool {
+        TOOL_NAMES.contains(&name)
+    }
+
+    pub fn context(&self) -> &ToolContext {
+        &self.ctx
+    }
+
+    /// Runs one call. Never panics on bad input; every failure is an
+    /// `is_error` output. Bounded by `tool_deadline` and `cancel`.
+    pub async fn run(
+        &mut self,
+        name: &str,
+        input: &Value,
+        cancel: CancellationToken,
+    ) -> ToolOutput {
+        let deadline = Instant::now() + self.ctx.tool_deadline;
+        match name {
+            "bash" => self.bash.run(input, deadline, cancel).await,
+            "read" | "write" | "edit" | "glob" | "grep" => {
+                let job = match BlockingJob::parse(name, input) {
+                    Ok(job) => job,
+                    Err(msg) => return ToolOutput::error(msg),
+                };
+                run_blocking(name, job, self.ctx.clone(), deadline, cancel).await
+            }
+            other => ToolOutput::error(format!("unknown tool '{other}'")),
+        }
+    }
+
+    /// Kills the shell (if any).
+    pub async fn shutdown(&mut self) {
+        self.bash.shutdown().await;
+    }
+}
+
+/// A parsed file/search call, ready to run on a blocking thread.
+enum BlockingJob {
+    Read(files::ReadArgs),
+    Write(files::WriteArgs),
+    Edit(files::EditArgs),
+    Glob(search::GlobArgs),
+    Grep(search::GrepArgs),
+}
+
+impl BlockingJob {
+    fn parse(name: &str, input: &Value) -> Result<Self, String> {
+        Ok(match name {
+            "read" => Self::Read(files::ReadArgs::parse(input)?),
+            "write" => Self::Write(files::WriteArgs::parse(input)?),
+            "edit" => Self::Edit(files::EditArgs::parse(input)?),
+            "glob" => Self::Glob(search::GlobArgs::parse(input)?),
+            "grep" => Self::Grep(search::GrepArgs::parse(input)?),
+            other => return Err(format!("unknown tool '{other}'")),
+        })
+    }
+}
+
+/// Cooperative stop signal for blocking walks: set on timeout/cancel.
+#[derive(Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+async fn run_blocking(
+    name: &str,
+    job: BlockingJob,
+    ctx: Arc<ToolContext>,
+    deadline: Instant,
+    cancel: CancellationToken,
+) -> ToolOutput {
+    let stop = StopFlag::default();
+    let stop2 = stop.clone();
+    let handle = tokio::task::spawn_blocking(move || match job {
+        BlockingJob::Read(a) => files::read(&ctx, a),
+        BlockingJob::Write(a) => files::write(&ctx, a),
+        BlockingJob::Edit(a) => files::edit(&ctx, a),
+        BlockingJob::Glob(a) => search::glob(&ctx, a, &stop2),
+        BlockingJob::Grep(a) => search::grep(&ctx, a, &stop2),
+    });
+    tokio::select! {
+        res = handle => match res {
+            Ok(out) => out,
+            Err(e) => ToolOutput::error(format!("{name}: internal error: {e}")),
+        },
+        _ = tokio::time::sleep_until(deadline.into()) => {
+            stop.stop();
+            ToolOutput::error(format!("tool '{name}' timed out"))
+        }
+        _ = cancel.cancelled() => {
+            stop.stop();
+            ToolOutput::error(format!("{name}: cancelled"))
+        }
+    }
+}
+
+/// Strict argument access: rejects non-objects, unknown keys and wrong types.
+pub(crate) struct Args<'a> {
+    tool: &'static str,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Args<'a> {
+    pub(crate) fn new(
+        tool: &'static str,
+        input: &'a Value,
+        allowed: &[&str],
+    ) -> Result<Self, String> {
+        let map = input
+            .as_object()
+            .ok_or_else(|| format!("{tool}: input must be a JSON object"))?;
+        let mut keys: Vec<&String> = map.keys().collect();
+        keys.sort();
+        if let Some(k) = keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(format!("{tool}: unknown field \"{k}\""));
+        }
+        Ok(Self { tool, map })
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    pub(crate) fn str_opt(&self, key: &str) -> Result<Option<String>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("{}: field \"{key}\" must be a string", self.tool)),
+        }
+    }
+
+    pub(crate) fn str_req(&self, key: &str) -> Result<String, String> {
+        self.str_opt(key)?
+            .ok_or_else(|| format!("{}: {key} is required", self.tool))
+    }
+
+    pub(crate) fn bool_opt(&self, key: &str) -> Result<Option<bool>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(format!("{}: field \"{key}\" must be a boolean", self.tool)),
+        }
+    }
+
+    pub(crate) fn u64_opt(&self, key: &str) -> Result<Option<u64>, String> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                format!(
+                    "{}: field \"{key}\" must be a non-negative integer",
+                    self.tool
+                )
+            }),
+        }
+    }
+
+    pub(crate) fn int_pair_opt(&self, key: &str) -> Result<Option<(i64, i64)>, String> {
+        let err = || {
+            format!(
+                "{}: field \"{key}\" must be an array of two integers",
+                self.tool
+            )
+        };
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Array(a)) if a.len() == 2 => {
+                let s = a[0].as_i64().ok_or_else(err)?;
+                let e = a[1].as_i64().ok_or_else(err)?;
+                Ok(Some((s, e)))
+            }
+            Some(_) => Err(err()),
+        }
+    }
+}
