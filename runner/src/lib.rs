@@ -1,4 +1,6 @@
+pub mod calls;
 pub mod healthcheck;
 pub mod lease;
 pub mod secret;
+pub mod session;
 pub mod tools;

@@ -7,6 +7,8 @@ use mango_client::Client;
 use mango_runner::healthcheck;
 use mango_runner::lease::Lease;
 use mango_runner::secret;
+use mango_runner::session;
+use mango_runner::tools::{ToolContext, Toolset};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -75,13 +77,17 @@ fn main() -> ExitCode {
 }
 
 async fn run_item(id: Identity) -> anyhow::Result<ExitCode> {
-    // Only healthchecks run here yet. Any other type is left untouched before
-    // claiming its lease, so it expires and Poll hands the item to a worker
-    // that can run it.
-    if id.work_type != "healthcheck" {
-        tracing::error!(work_id = %id.work_id, work_type = %id.work_type, "this runner does not run this Work type; leaving it to be reclaimed");
-        return Ok(ExitCode::from(3));
-    }
+    let session_id = match (id.work_type.as_str(), id.session_id.clone()) {
+        ("healthcheck", _) => None,
+        ("session", Some(session)) => Some(session),
+        ("session", None) => anyhow::bail!("MANGO_SESSION_ID is required for session Work"),
+        // Left untouched before claiming its lease, so it expires and Poll
+        // hands the item to a worker that can run it.
+        (other, _) => {
+            tracing::error!(work_id = %id.work_id, work_type = %other, "unknown Work type; leaving it to be reclaimed");
+            return Ok(ExitCode::from(3));
+        }
+    };
     let raw = secret::read_stdin(Duration::from_secs(id.secret_timeout_seconds))
         .await
         .context("reading the Work secret")?;
@@ -105,6 +111,34 @@ async fn run_item(id: Identity) -> anyhow::Result<ExitCode> {
     tracing::info!(work_id = %id.work_id, ttl_seconds = first.ttl_seconds, "lease claimed");
     let (done, lost) = (CancellationToken::new(), CancellationToken::new());
     let keeper = lease.keep(first, done.clone(), lost.clone());
+    if let Some(session_id) = session_id {
+        let mut toolset = Toolset::new(ToolContext::new(&id.workspace));
+        let work = async {
+            let end = session::run(
+                &client,
+                &session_id,
+                &mut toolset,
+                session::IDLE_AFTER_END_TURN,
+                &lost,
+            )
+            .await;
+            toolset.shutdown().await;
+            done.cancel();
+            end
+        };
+        let (lease_end, session_end) = tokio::join!(keeper, work);
+        tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, "session work ended");
+        // Ordinary exits force-Stop; a lost or unreachable lease is left alone.
+        if lease_end.may_stop() {
+            if let Err(err) = client.stop(&id.environment_id, &id.work_id, true).await {
+                tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
+            }
+        }
+        return Ok(match session_end {
+            session::SessionEnd::Rejected(_) => ExitCode::from(4),
+            _ => ExitCode::SUCCESS,
+        });
+    }
     let probe = async {
         let outcome = tokio::select! {
             outcome = healthcheck::probe(&id.workspace) => Some(outcome),

@@ -8,14 +8,19 @@
 //!   the ceiling: the same statements issued directly, without HTTP;
 //! * `wake`: latency from a healthcheck's creation to a blocked poller returning it;
 //! * `depth`: poll → ack latency with 1,000 vs 100,000 items queued;
-//! * `all` (the default): all three.
+//! * `events`: Session event admission (own Sessions vs one Session) and the
+//!   fan-out of one Session's SSE stream to many readers;
+//! * `all` (the default): all four.
 //!
 //! The last line is machine-readable:
-//! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…`
+//! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
+//! admitted_events_per_s=… admitted_one_session_per_s=… fanout_p50_ms=… fanout_p99_ms=…`
 //! (a single phase prints only its own keys). The database is dropped at the end.
 
 #[path = "mango_bench/depth.rs"]
 mod depth;
+#[path = "mango_bench/events.rs"]
+mod events;
 #[path = "mango_bench/harness.rs"]
 mod harness;
 #[path = "mango_bench/lease.rs"]
@@ -29,7 +34,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "mango-bench", about = "Benchmarks of the Mango Work lease API")]
+#[command(
+    name = "mango-bench",
+    about = "Benchmarks of the Mango Work lease and Session event APIs"
+)]
 struct Cli {
     /// Admin PostgreSQL URL; the bench creates and drops its own database there.
     #[arg(
@@ -70,6 +78,18 @@ struct Cli {
     /// The deep queue (depth).
     #[arg(long, default_value_t = 100_000, global = true)]
     depth_large: i64,
+    /// Concurrent event senders (events admission).
+    #[arg(long, default_value_t = 16, global = true)]
+    senders: usize,
+    /// SSE readers of one Session (events fan-out).
+    #[arg(long, default_value_t = 50, global = true)]
+    readers: usize,
+    /// Events sent per second while readers stream (events fan-out).
+    #[arg(long, default_value_t = 200.0, global = true)]
+    fanout_rate: f64,
+    /// Seconds of sending while readers stream (events fan-out).
+    #[arg(long, default_value_t = 5.0, global = true)]
+    fanout_seconds: f64,
     /// Print diagnostics: the pool's plan-cache use after `lease`, and
     /// EXPLAIN ANALYZE of the claim at each depth.
     #[arg(long, global = true)]
@@ -89,6 +109,8 @@ enum Command {
     Wake,
     /// Poll latency at a shallow vs a deep queue.
     Depth,
+    /// Event admission per second, and SSE fan-out latency to many readers.
+    Events,
     /// All of the above (the default).
     All,
 }
@@ -98,6 +120,7 @@ struct Summary {
     lease: Option<lease::LeaseResult>,
     wake: Option<wake::WakeResult>,
     depth: Option<depth::DepthResult>,
+    events: Option<events::EventsResult>,
 }
 
 impl Summary {
@@ -113,6 +136,15 @@ impl Summary {
         }
         if let Some(d) = &self.depth {
             parts.push(format!("depth_ratio={:.3}", d.ratio()));
+        }
+        if let Some(e) = &self.events {
+            parts.push(format!("admitted_events_per_s={:.1}", e.admitted_per_s));
+            parts.push(format!(
+                "admitted_one_session_per_s={:.1}",
+                e.admitted_one_session_per_s
+            ));
+            parts.push(format!("fanout_p50_ms={:.2}", e.fanout_p50_ms));
+            parts.push(format!("fanout_p99_ms={:.2}", e.fanout_p99_ms));
         }
         parts.join(" ")
     }
@@ -147,6 +179,17 @@ async fn run(cli: &Cli, bench: &Arc<Bench>, command: Command) -> anyhow::Result<
         };
         summary.depth = Some(depth::run(bench, &opts).await?);
     }
+    if all || command == Command::Events {
+        let opts = events::Options {
+            senders: cli.senders,
+            seconds: cli.seconds,
+            warmup: cli.warmup,
+            readers: cli.readers,
+            rate: cli.fanout_rate,
+            fanout_seconds: cli.fanout_seconds,
+        };
+        summary.events = Some(events::run(bench, &opts).await?);
+    }
     Ok(summary)
 }
 
@@ -164,6 +207,14 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
     anyhow::ensure!(
         cli.depth_small as usize > cli.depth_polls + 20,
         "--depth-small must exceed --depth-polls + 20 warm-up cycles"
+    );
+    anyhow::ensure!(
+        cli.senders > 0 && cli.readers > 0,
+        "--senders and --readers must be at least 1"
+    );
+    anyhow::ensure!(
+        cli.fanout_rate > 0.0 && cli.fanout_seconds > 0.0,
+        "--fanout-rate and --fanout-seconds must be positive"
     );
     anyhow::ensure!(cli.wake_samples > 0, "--wake-samples must be at least 1");
     Ok(())

@@ -425,6 +425,73 @@ impl Api {
             .map(drop)
     }
 
+    /// `{base}/v1`, derived from the Work URL.
+    fn v1(&self) -> &str {
+        let end = self.work_url.find("/v1/").map_or(0, |i| i + 3);
+        &self.work_url[..end]
+    }
+
+    /// POST `{base}/v1/{path}` with the Workspace key; returns the new `id`.
+    async fn create(&self, path: &str, body: Value) -> anyhow::Result<String> {
+        let reply = self
+            .http
+            .post(format!("{}/{path}", self.v1()))
+            .bearer_auth(&self.ws_key)
+            .json(&body)
+            .send()
+            .await?;
+        let bytes = expect(reply, StatusCode::OK, path).await?;
+        Ok(serde_json::from_slice::<Created>(&bytes)?.id)
+    }
+
+    /// Creates an Agent; returns its id.
+    pub async fn create_agent(&self, name: &str) -> anyhow::Result<String> {
+        self.create("agents", json!({"name": name, "model": "m"}))
+            .await
+    }
+
+    /// Creates an idle Session of `agent` in `environment_id`; returns its id.
+    pub async fn create_session(
+        &self,
+        agent: &str,
+        environment_id: &str,
+    ) -> anyhow::Result<String> {
+        self.create(
+            "sessions",
+            json!({"agent": agent, "environment_id": environment_id}),
+        )
+        .await
+    }
+
+    /// Sends one `user.message` carrying `text` to Session `session` with the Workspace key.
+    pub async fn send_message(&self, session: &str, text: &str) -> anyhow::Result<()> {
+        let reply = self
+            .http
+            .post(format!("{}/sessions/{session}/events", self.v1()))
+            .bearer_auth(&self.ws_key)
+            .json(&json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}))
+            .send()
+            .await?;
+        expect(reply, StatusCode::OK, "send events").await.map(drop)
+    }
+
+    /// Opens Session `session`'s event stream with the Workspace key; the
+    /// response headers have arrived (the server subscribed before answering).
+    pub async fn open_stream(&self, session: &str) -> anyhow::Result<reqwest::Response> {
+        let reply = self
+            .http
+            .get(format!("{}/sessions/{session}/events/stream", self.v1()))
+            .bearer_auth(&self.ws_key)
+            .send()
+            .await?;
+        let status = reply.status();
+        if status != StatusCode::OK {
+            let bytes = reply.bytes().await.unwrap_or_default();
+            bail!("stream: {status} {}", String::from_utf8_lossy(&bytes));
+        }
+        Ok(reply)
+    }
+
     /// Creates a healthcheck with the Workspace key; returns its id.
     pub async fn create_check(&self) -> anyhow::Result<String> {
         let reply = self
@@ -559,6 +626,11 @@ impl CpuSample {
     /// Where the CPU went between `self` and `later` (in cores), per cycle
     /// (in ms), and what that would sustain on this machine were it idle.
     pub fn describe(self, later: CpuSample, cycles: u64) -> Vec<String> {
+        self.describe_as(later, cycles, "cycle")
+    }
+
+    /// [`CpuSample::describe`] for `count` units named `unit` (e.g. "event").
+    pub fn describe_as(self, later: CpuSample, cycles: u64, unit: &str) -> Vec<String> {
         let secs = later.at.duration_since(self.at).as_secs_f64();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let used = |a: u64, b: u64| b.saturating_sub(a) as f64 / TICKS_PER_S;
@@ -580,7 +652,7 @@ impl CpuSample {
         if ours > 0.0 {
             let server = per(api + pg);
             lines.push(format!(
-                "cpu per cycle: client {:.2} ms + api {:.2} ms + PostgreSQL {:.2} ms = {ours:.2} ms → ≈{:.0} cycles/s if these {cores} cores were ours alone (server side only: ≈{:.0})",
+                "cpu per {unit}: client {:.2} ms + api {:.2} ms + PostgreSQL {:.2} ms = {ours:.2} ms → ≈{:.0} {unit}s/s if these {cores} cores were ours alone (server side only: ≈{:.0})",
                 per(client),
                 per(api),
                 per(pg),

@@ -1,0 +1,219 @@
+//! What the runner knows about a Session's tool calls, built from events in
+//! any order and any number of times (stream and history overlap after a
+//! reconnect): pure, so the dispatch rules are testable without a server.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+    /// `allow`, `ask` or `deny`; absent counts as allow, unknown as ask.
+    pub permission: String,
+    pub thread_id: Option<String>,
+}
+
+/// Why the Session no longer needs this runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionOver {
+    Terminated,
+}
+
+#[derive(Debug, Default)]
+pub struct Calls {
+    /// Calls in the order the agent made them (by event sequence of first sight).
+    calls: BTreeMap<u64, Call>,
+    seen_events: HashSet<String>,
+    order: u64,
+    answered: HashSet<String>,
+    allowed: HashSet<String>,
+    denied: HashSet<String>,
+    /// Threads that terminated: their open calls are dropped.
+    dead_threads: HashSet<String>,
+    /// Calls this runner started (whether or not their result came back yet).
+    started: HashSet<String>,
+    /// Set by an idle that ends the turn; cleared by any later event that counts.
+    idle_since_end_turn: bool,
+    over: Option<SessionOver>,
+}
+
+impl Calls {
+    /// Folds one event in; repeated events are ignored.
+    pub fn apply(&mut self, event: &Value) {
+        let Some(id) = event.get("id").and_then(Value::as_str) else {
+            return;
+        };
+        if !self.seen_events.insert(id.to_string()) {
+            return;
+        }
+        let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
+        let str_of = |k: &str| event.get(k).and_then(Value::as_str).map(str::to_string);
+        match kind {
+            "agent.tool_use" => {
+                self.order += 1;
+                let permission = match event.get("evaluated_permission").and_then(Value::as_str) {
+                    None | Some("allow") => "allow",
+                    Some("deny") => "deny",
+                    Some(_) => "ask",
+                };
+                self.calls.insert(
+                    self.order,
+                    Call {
+                        id: id.to_string(),
+                        name: str_of("name").unwrap_or_default(),
+                        input: event.get("input").cloned().unwrap_or(Value::Null),
+                        permission: permission.to_string(),
+                        thread_id: str_of("session_thread_id"),
+                    },
+                );
+            }
+            "user.tool_result" => {
+                if let Some(call) = str_of("tool_use_id") {
+                    self.answered.insert(call);
+                }
+            }
+            "user.tool_confirmation" => {
+                if let Some(call) = str_of("tool_use_id") {
+                    match str_of("result").as_deref() {
+                        Some("allow") => self.allowed.insert(call),
+                        _ => self.denied.insert(call),
+                    };
+                }
+            }
+            "session.thread_status_terminated" => {
+                if let Some(thread) = str_of("session_thread_id") {
+                    self.dead_threads.insert(thread);
+                }
+            }
+            "session.status_terminated" | "session.deleted" => {
+                self.over = Some(SessionOver::Terminated)
+            }
+            _ => {}
+        }
+        // The idle countdown (SDK rule): an end-of-turn idle starts it; any
+        // other event stops it, except confirmations and thread terminations.
+        match kind {
+            "session.status_idle" => {
+                let stop = event.pointer("/stop_reason/type").and_then(Value::as_str);
+                self.idle_since_end_turn = stop != Some("requires_action");
+            }
+            "user.tool_confirmation" | "session.thread_status_terminated" => {}
+            _ => self.idle_since_end_turn = false,
+        }
+    }
+
+    /// The next call this runner should run: owned, not answered, not started,
+    /// allowed (by policy or by a persisted confirmation), in a live thread.
+    pub fn next_runnable(&self, owns: impl Fn(&str) -> bool) -> Option<Call> {
+        self.calls
+            .values()
+            .find(|c| {
+                owns(&c.name)
+                    && !self.answered.contains(&c.id)
+                    && !self.started.contains(&c.id)
+                    && !self.denied.contains(&c.id)
+                    && c.thread_id
+                        .as_ref()
+                        .is_none_or(|t| !self.dead_threads.contains(t))
+                    && (c.permission == "allow"
+                        || (c.permission == "ask" && self.allowed.contains(&c.id)))
+            })
+            .cloned()
+    }
+
+    pub fn mark_started(&mut self, call_id: &str) {
+        self.started.insert(call_id.to_string());
+    }
+
+    pub fn is_idle_after_end_turn(&self) -> bool {
+        self.idle_since_end_turn
+    }
+
+    pub fn over(&self) -> Option<SessionOver> {
+        self.over
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn owns(name: &str) -> bool {
+        ["bash", "read"].contains(&name)
+    }
+
+    fn tool_use(id: &str, name: &str, permission: Option<&str>) -> Value {
+        let mut e =
+            json!({"id": id, "type": "agent.tool_use", "name": name, "input": {"command": "echo"}});
+        if let Some(p) = permission {
+            e["evaluated_permission"] = json!(p);
+        }
+        e
+    }
+
+    #[test]
+    fn permission_matrix() {
+        let mut calls = Calls::default();
+        calls.apply(&tool_use("a", "bash", Some("allow")));
+        calls.apply(&tool_use("b", "bash", Some("ask")));
+        calls.apply(&tool_use("c", "bash", Some("deny")));
+        calls.apply(&tool_use("d", "bash", Some("something_new")));
+        calls.apply(&tool_use("e", "bash", None));
+        assert_eq!(calls.next_runnable(owns).unwrap().id, "a");
+        calls.mark_started("a");
+        assert_eq!(
+            calls.next_runnable(owns).unwrap().id,
+            "e",
+            "ask and unknown wait; deny never runs"
+        );
+        calls.mark_started("e");
+        assert!(calls.next_runnable(owns).is_none());
+        calls.apply(&json!({"id": "x1", "type": "user.tool_confirmation", "tool_use_id": "b", "result": "allow"}));
+        calls.apply(&json!({"id": "x2", "type": "user.tool_confirmation", "tool_use_id": "d", "result": "deny"}));
+        assert_eq!(calls.next_runnable(owns).unwrap().id, "b");
+        calls.mark_started("b");
+        assert!(
+            calls.next_runnable(owns).is_none(),
+            "a denied confirmation never runs"
+        );
+    }
+
+    #[test]
+    fn answered_unowned_and_dead_thread_calls_are_skipped_and_replays_are_harmless() {
+        let mut calls = Calls::default();
+        calls.apply(&tool_use("a", "web_search", None));
+        calls.apply(&tool_use("b", "bash", None));
+        calls.apply(&json!({"id": "r", "type": "user.tool_result", "tool_use_id": "b"}));
+        let mut child = tool_use("c", "read", None);
+        child["session_thread_id"] = json!("thr_1");
+        calls.apply(&child);
+        calls.apply(&json!({"id": "t", "type": "session.thread_status_terminated", "session_thread_id": "thr_1"}));
+        // History replayed after a reconnect changes nothing.
+        calls.apply(&tool_use("b", "bash", None));
+        assert!(calls.next_runnable(owns).is_none());
+    }
+
+    #[test]
+    fn idle_countdown_and_termination() {
+        let mut calls = Calls::default();
+        calls.apply(&json!({"id": "1", "type": "session.status_idle", "stop_reason": {"type": "requires_action"}}));
+        assert!(!calls.is_idle_after_end_turn());
+        calls.apply(
+            &json!({"id": "2", "type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+        );
+        assert!(calls.is_idle_after_end_turn());
+        calls.apply(&json!({"id": "3", "type": "user.tool_confirmation", "tool_use_id": "z", "result": "allow"}));
+        assert!(
+            calls.is_idle_after_end_turn(),
+            "confirmations leave the countdown alone"
+        );
+        calls.apply(&json!({"id": "4", "type": "user.message"}));
+        assert!(!calls.is_idle_after_end_turn());
+        assert_eq!(calls.over(), None);
+        calls.apply(&json!({"id": "5", "type": "session.status_terminated"}));
+        assert_eq!(calls.over(), Some(SessionOver::Terminated));
+    }
+}

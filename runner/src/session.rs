@@ -1,0 +1,136 @@
+//! The Session tool loop (spec §8): open the event stream first, then
+//! reconcile history, run each unanswered call this runner owns (honouring
+//! `evaluated_permission` and confirmations), post its result keyed by the
+//! call's event id, and end on termination, 60 s after an end-of-turn idle,
+//! or when the lease ends. A dropped stream reconnects and reconciles again,
+//! so a call is neither repeated nor dropped.
+
+use crate::calls::Calls;
+use crate::tools::Toolset;
+use mango_client::{Client, StreamFrame};
+use serde_json::json;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub const IDLE_AFTER_END_TURN: Duration = Duration::from_secs(60);
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// `session.status_terminated` or `session.deleted`.
+    Terminated,
+    /// Nothing happened for the idle limit after a turn ended.
+    IdleAfterTurn,
+    /// The lease ended (stopping, lost, unreachable): work was cancelled.
+    LeaseEnded,
+    /// The server refused this runner's credential or the Session for good.
+    Rejected(String),
+}
+
+pub async fn run(
+    client: &Client,
+    session_id: &str,
+    toolset: &mut Toolset,
+    idle_limit: Duration,
+    lost: &CancellationToken,
+) -> SessionEnd {
+    let mut calls = Calls::default();
+    let mut backoff = FIRST_BACKOFF;
+    let mut idle_since: Option<Instant> = None;
+    'connect: loop {
+        if lost.is_cancelled() {
+            return SessionEnd::LeaseEnded;
+        }
+        // The stream first, then history: nothing committed in between is missed.
+        let opened = match client.stream_events(session_id).await {
+            Ok(stream) => client
+                .all_events(session_id)
+                .await
+                .map(|history| (stream, history)),
+            Err(err) => Err(err),
+        };
+        let mut stream = match opened {
+            Ok((stream, history)) => {
+                for event in &history {
+                    calls.apply(event);
+                }
+                backoff = FIRST_BACKOFF;
+                stream
+            }
+            Err(err) if err.is_transient() => {
+                tracing::warn!(session_id, error = %err, ?backoff, "event stream unavailable; reconnecting");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = lost.cancelled() => return SessionEnd::LeaseEnded,
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue 'connect;
+            }
+            Err(err) => return SessionEnd::Rejected(err.to_string()),
+        };
+        loop {
+            if calls.over().is_some() {
+                return SessionEnd::Terminated;
+            }
+            while let Some(call) = calls.next_runnable(Toolset::owns) {
+                calls.mark_started(&call.id);
+                tracing::info!(session_id, call_id = %call.id, tool = %call.name, "running tool call");
+                let output = toolset
+                    .run(&call.name, &call.input, lost.child_token())
+                    .await;
+                if lost.is_cancelled() {
+                    return SessionEnd::LeaseEnded;
+                }
+                let result = json!({
+                    "type": "user.tool_result",
+                    "tool_use_id": call.id,
+                    "content": output.content,
+                    "is_error": output.is_error,
+                });
+                // Results are idempotent by call id, so the client's retries are safe.
+                if let Err(err) = client.send_events(session_id, vec![result]).await {
+                    if !err.is_transient()
+                        && matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404))
+                    {
+                        return SessionEnd::Rejected(err.to_string());
+                    }
+                    tracing::warn!(session_id, call_id = %call.id, error = %err, "could not post the tool result");
+                }
+            }
+            idle_since = match (calls.is_idle_after_end_turn(), idle_since) {
+                (true, None) => Some(Instant::now()),
+                (true, since) => since,
+                (false, _) => None,
+            };
+            let idle_deadline = idle_since.map(|t| t + idle_limit);
+            let frame = tokio::select! {
+                frame = stream.next() => frame,
+                _ = lost.cancelled() => return SessionEnd::LeaseEnded,
+                _ = sleep_until_some(idle_deadline) => return SessionEnd::IdleAfterTurn,
+            };
+            match frame {
+                Some(Ok(StreamFrame::Event(event))) => calls.apply(&event),
+                Some(Ok(StreamFrame::Ping)) => {}
+                Some(Ok(StreamFrame::Error(body))) => {
+                    tracing::warn!(session_id, %body, "event stream reported an error; reconnecting");
+                    continue 'connect;
+                }
+                Some(Err(err)) => {
+                    tracing::warn!(session_id, error = %err, "event stream broke; reconnecting");
+                    continue 'connect;
+                }
+                // Closed by the server: the token may be gone; reconnecting tells.
+                None => continue 'connect,
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,213 @@
+//! `mango-worker item` on Session Work: agent events appended in-process (as
+//! the agent loop does), the real runner executes them against a real api.
+
+use mango_api::admission::append_agent_events;
+use mango_api::fixtures::LiveApi;
+use mango_client::Client;
+use mango_protocol::{Work, WorkState};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+async fn session_with_work(api: &LiveApi) -> (String, Work) {
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("{}{path}", api.base))
+            .bearer_auth(&api.workspace_key)
+            .json(&body)
+            .send()
+    };
+    let agent: Value = post("/v1/agents", json!({"name": "a", "model": "m"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session: Value = post(
+        "/v1/sessions",
+        json!({"agent": agent["id"], "environment_id": api.environment_id,
+               "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let supervisor = Client::new(&api.base, &api.environment_key);
+    let work = supervisor
+        .poll(&api.environment_id, None, None)
+        .await
+        .unwrap()
+        .expect("session work");
+    supervisor.ack(&api.environment_id, &work.id).await.unwrap();
+    (session["id"].as_str().unwrap().to_string(), work)
+}
+
+fn start_runner(api: &LiveApi, work: &Work, session_id: &str, workspace: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
+        .arg("item")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("MANGO_BASE_URL", &api.base)
+        .env("MANGO_WORK_ID", &work.id)
+        .env("MANGO_ENVIRONMENT_ID", &api.environment_id)
+        .env("MANGO_WORK_TYPE", "session")
+        .env("MANGO_SESSION_ID", session_id)
+        .env("MANGO_WORKSPACE", workspace)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mango-worker starts");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{}", work.secret.as_deref().unwrap()).unwrap();
+    drop(stdin);
+    child
+}
+
+/// Waits until the Session holds a result for every call id.
+async fn results_for(operator: &Client, session_id: &str, call_ids: &[&str]) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let events = operator.all_events(session_id).await.unwrap();
+        let results: Vec<Value> = events
+            .into_iter()
+            .filter(|e| {
+                e["type"] == "user.tool_result"
+                    && call_ids.contains(&e["tool_use_id"].as_str().unwrap_or(""))
+            })
+            .collect();
+        if results.len() >= call_ids.len() {
+            return results;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "results did not arrive: {results:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn the_runner_executes_tool_calls_and_ends_with_the_session(db: sqlx::PgPool) {
+    let api = LiveApi::start(db.clone()).await;
+    let (session_id, work) = session_with_work(&api).await;
+    let workspace = tempfile::tempdir().unwrap();
+    let mut runner = start_runner(&api, &work, &session_id, workspace.path());
+
+    let calls = append_agent_events(
+        &db,
+        &session_id,
+        vec![
+            json!({"type": "agent.tool_use", "name": "write", "input": {"file_path": "notes/a.txt", "content": "hello"}, "evaluated_permission": "allow"}),
+            json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "cat notes/a.txt; exit 3"}, "evaluated_permission": "allow"}),
+            json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "echo never"}, "evaluated_permission": "deny"}),
+            json!({"type": "agent.tool_use", "name": "web_search", "input": {"query": "x"}}),
+            json!({"type": "session.status_idle", "stop_reason": {"type": "requires_action"}}),
+        ],
+    )
+    .await
+    .unwrap();
+    let ids: Vec<&str> = calls.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let operator = Client::new(&api.base, &api.workspace_key);
+    let results = results_for(&operator, &session_id, &ids[..2]).await;
+    let by_call = |id: &str| results.iter().find(|r| r["tool_use_id"] == id).unwrap();
+    assert_eq!(text_of(by_call(ids[0])), "wrote 5 bytes to notes/a.txt");
+    assert_eq!(by_call(ids[0])["is_error"], false);
+    assert!(
+        text_of(by_call(ids[1])).contains("hello")
+            && text_of(by_call(ids[1])).contains("exit code: 3")
+    );
+    assert_eq!(by_call(ids[1])["is_error"], true);
+    assert_eq!(
+        std::fs::read_to_string(workspace.path().join("notes/a.txt")).unwrap(),
+        "hello"
+    );
+
+    // The denied call and the tool it does not own get nothing.
+    append_agent_events(
+        &db,
+        &session_id,
+        vec![json!({"type": "session.status_terminated"})],
+    )
+    .await
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || runner.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let events = operator.all_events(&session_id).await.unwrap();
+    assert!(!events
+        .iter()
+        .any(|e| e["tool_use_id"] == ids[2] || e["tool_use_id"] == ids[3]));
+    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    assert_eq!(
+        stored.state,
+        WorkState::Stopped,
+        "an ordinary exit force-stops the Work"
+    );
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_tool_call_cannot_find_the_token_anywhere_it_can_read(db: sqlx::PgPool) {
+    let api = LiveApi::start(db.clone()).await;
+    let (session_id, work) = session_with_work(&api).await;
+    let token = mango_runner::secret::sessions_token(work.secret.as_deref().unwrap()).unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let mut runner = start_runner(&api, &work, &session_id, workspace.path());
+
+    let probe = "echo PARENT; tr '\\0' '\\n' < /proc/$PPID/environ; \
+                 for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f 2>/dev/null; done; \
+                 env; grep -rs . . ; echo DONE";
+    let calls = append_agent_events(
+        &db,
+        &session_id,
+        vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": probe}, "evaluated_permission": "allow"})],
+    )
+    .await
+    .unwrap();
+    let operator = Client::new(&api.base, &api.workspace_key);
+    let results = results_for(&operator, &session_id, &[calls[0]["id"].as_str().unwrap()]).await;
+    let seen = text_of(&results[0]);
+    assert!(
+        seen.contains("PARENT") && seen.contains("DONE"),
+        "the probe ran: {seen}"
+    );
+    assert!(
+        !seen.contains(&token),
+        "the sessions token leaked to a tool call"
+    );
+    assert!(
+        !seen.contains(work.secret.as_deref().unwrap()),
+        "the Work secret leaked to a tool call"
+    );
+    assert!(!seen
+        .lines()
+        .any(|l| l.starts_with("MANGO_") && l.contains("mango_st_")));
+
+    append_agent_events(
+        &db,
+        &session_id,
+        vec![json!({"type": "session.status_terminated"})],
+    )
+    .await
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || runner.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+}
