@@ -28,11 +28,15 @@ fn refusal(
 }
 
 /// Admits checked events from `sender` into `session`, which the caller has
-/// locked in the transaction `db`. Returns the events as stored; a retried
-/// tool result or confirmation returns the event that already answered.
+/// locked (with [`sessions::lock_for_admission`], which also told whether the
+/// Session `has_live_work`) in the transaction `db`. Returns the events as
+/// stored; a retried tool result or confirmation returns the event that
+/// already answered. Accepted events are written together with the outbox
+/// row in one statement.
 pub async fn admit(
     db: &mut PgConnection,
     session: &mut SessionRow,
+    has_live_work: bool,
     sender: Sender,
     events: Vec<Map<String, Value>>,
     settings: &Settings,
@@ -45,8 +49,11 @@ pub async fn admit(
         .code("session_archived")
         .final_answer());
     }
+    // One clock reading for the whole admission: its events, Work and outbox row.
+    let now = time::now();
     let mut out = Vec::with_capacity(events.len());
-    let mut appended = false;
+    let mut pending: Vec<Map<String, Value>> = Vec::new();
+    let mut flushed = false;
     let mut runnable = false;
     for (index, event) in events.into_iter().enumerate() {
         let event_type = event
@@ -54,49 +61,70 @@ pub async fn admit(
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        rules::may_send(sender, &event_type, session.status()).map_err(|r| match r {
-            rules::SendRefusal::NotSendable(t) if t.starts_with("agent.") || t.starts_with("session.") || t.starts_with("span.") => {
-                refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "event_not_sendable",
-                    format!("{t:?} events are produced by the agent loop, not sent by clients"))
+        rules::may_send(sender, &event_type, session.status())
+            .map_err(|r| send_refusal(index, r, &session.id))?;
+        if answers_a_call(&event_type) {
+            // The check reads the call's state, so earlier events of this request must be in.
+            if !pending.is_empty() {
+                out.extend(
+                    sessions::append(db, session, std::mem::take(&mut pending), false, now).await?,
+                );
+                flushed = true;
             }
-            rules::SendRefusal::NotSendable(t) => refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "unknown_event_type",
-                format!("unknown event type {t:?}; clients send one of {}", rules::SENDABLE.join(", "))),
-            rules::SendRefusal::NotPermitted(t) => refusal(index, StatusCode::FORBIDDEN, "permission_error", "permission_denied",
-                format!("a sessions token may send only user.tool_result and user.custom_tool_result, not {t:?}")),
-            rules::SendRefusal::Terminated => ApiError::conflict(format!("session {} is terminated and takes no input", session.id))
-                .code("session_terminated")
-                .final_answer(),
-        })?;
-        if let Some(existing) =
-            settle_against_tool_call(db, session, index, &event_type, &event).await?
-        {
-            out.push(existing);
-            continue;
+            if let Some(existing) =
+                settle_against_tool_call(db, session, index, &event_type, &event).await?
+            {
+                out.push(existing);
+                continue;
+            }
         }
         runnable |= rules::is_runnable(&event_type);
-        appended = true;
-        out.extend(sessions::append(db, session, vec![event]).await?);
+        pending.push(event);
     }
-    if appended {
-        let now = time::now();
-        if runnable && !sessions::has_live_work(&mut *db, &session.id).await? {
-            let lease = Lease::new(Kind::Session, now, settings.default_ttl_seconds);
-            work::insert(
-                &mut *db,
-                NewWork {
-                    id: &ids::new_id("work"),
-                    environment_id: &session.environment_id,
-                    session_id: Some(&session.id),
-                    metadata: &BTreeMap::new(),
-                    lease: &lease,
-                    created_at: now,
-                },
-            )
-            .await?;
-        }
-        sessions::enqueue_outbox(&mut *db, &session.id, session.last_seq, now).await?;
+    if pending.is_empty() && !flushed {
+        return Ok(out); // only retries of answered calls: nothing changes
     }
+    if runnable && !has_live_work {
+        let lease = Lease::new(Kind::Session, now, settings.default_ttl_seconds);
+        work::insert_activation(
+            &mut *db,
+            NewWork {
+                id: &ids::new_id("work"),
+                environment_id: &session.environment_id,
+                session_id: Some(&session.id),
+                metadata: &BTreeMap::new(),
+                lease: &lease,
+                created_at: now,
+            },
+        )
+        .await?;
+    }
+    // The last batch (possibly empty) carries the outbox row that wakes the agent loop.
+    out.extend(sessions::append(db, session, pending, true, now).await?);
     Ok(out)
+}
+
+fn answers_a_call(event_type: &str) -> bool {
+    matches!(
+        event_type,
+        "user.tool_result" | "user.custom_tool_result" | "user.tool_confirmation"
+    )
+}
+
+fn send_refusal(index: usize, why: rules::SendRefusal, session_id: &str) -> ApiError {
+    match why {
+        rules::SendRefusal::NotSendable(t) if t.starts_with("agent.") || t.starts_with("session.") || t.starts_with("span.") => {
+            refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "event_not_sendable",
+                format!("{t:?} events are produced by the agent loop, not sent by clients"))
+        }
+        rules::SendRefusal::NotSendable(t) => refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "unknown_event_type",
+            format!("unknown event type {t:?}; clients send one of {}", rules::SENDABLE.join(", "))),
+        rules::SendRefusal::NotPermitted(t) => refusal(index, StatusCode::FORBIDDEN, "permission_error", "permission_denied",
+            format!("a sessions token may send only user.tool_result and user.custom_tool_result, not {t:?}")),
+        rules::SendRefusal::Terminated => ApiError::conflict(format!("session {session_id} is terminated and takes no input"))
+            .code("session_terminated")
+            .final_answer(),
+    }
 }
 
 /// Checks a tool result or confirmation against the call it names (locked).
@@ -243,7 +271,7 @@ pub async fn append_agent_events(
         }
         maps.push(map);
     }
-    let stored = sessions::append(&mut tx, &mut session, maps).await?;
+    let stored = sessions::append(&mut tx, &mut session, maps, false, time::now()).await?;
     tx.commit().await?;
     Ok(stored)
 }

@@ -257,6 +257,7 @@ async fn create(
         admission::admit(
             &mut tx,
             &mut session,
+            false,
             Sender::Operator,
             initial,
             &ctx.settings,
@@ -520,26 +521,51 @@ async fn list_events(
 }
 
 /// Send: `{events: […]}` → `{data: […]}`, admitted in one transaction.
+/// The credential check and the Session lock share it, so the hot path is
+/// BEGIN, key lookup, lock, one write, COMMIT.
 async fn send_events(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let (session, access) = access(&ctx, &mut conn, &headers, &id, "Sending events").await?;
-    drop(conn);
     let body = Body::parse(&bytes, &["events"])?;
-    let events = event_shapes::check_all(body.required("events")?)?;
-    let sender = match access {
-        Access::Operator => Sender::Operator,
-        Access::Worker { .. } => Sender::Worker,
-    };
     let mut tx = ctx.db.begin().await?;
-    let mut locked = sessions::lock(&mut tx, &session.id)
-        .await?
-        .ok_or_else(|| not_found(&id))?;
-    let data = admission::admit(&mut tx, &mut locked, sender, events, &ctx.settings).await?;
+    let (sender, workspace) = match authenticate(&ctx, &mut tx, &headers).await? {
+        Principal::Workspace(key) => (Sender::Operator, Some(key.workspace_id)),
+        Principal::Token(row) => {
+            let now = time::now();
+            row.lease()
+                .reconcile(now)
+                .admits_token(TokenUse::Session, now)
+                .map_err(|r| ApiError::unauthenticated(r.message()))?;
+            if row.session_id.as_deref() != Some(id.as_str()) {
+                return Err(ApiError::forbidden(
+                    "Sending events: this sessions token belongs to another Session",
+                ));
+            }
+            (Sender::Worker, None)
+        }
+        Principal::Environment(_) => {
+            return Err(ApiError::forbidden(
+                "Sending events is not permitted with an Environment key",
+            ))
+        }
+    };
+    let events = event_shapes::check_all(body.required("events")?)?;
+    let (mut session, has_live_work) =
+        sessions::lock_for_admission(&mut tx, &id, workspace.as_deref())
+            .await?
+            .ok_or_else(|| not_found(&id))?;
+    let data = admission::admit(
+        &mut tx,
+        &mut session,
+        has_live_work,
+        sender,
+        events,
+        &ctx.settings,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Json(json!({ "data": data })).into_response())
 }

@@ -702,7 +702,7 @@ async fn fail(
             .into_iter()
             .filter_map(|e| e.as_object().cloned())
             .collect();
-        sessions::append(&mut tx, session, events).await?;
+        sessions::append(&mut tx, session, events, false, time::now()).await?;
     }
     tx.commit().await?;
     Metrics::count(&ctx.metrics.fails);

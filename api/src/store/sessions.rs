@@ -106,6 +106,36 @@ pub async fn lock(db: &mut PgConnection, id: &str) -> sqlx::Result<Option<Sessio
     sqlx::query_as(&sql).bind(id).fetch_optional(db).await
 }
 
+#[derive(FromRow)]
+struct LockedSession {
+    #[sqlx(flatten)]
+    session: SessionRow,
+    has_live_work: bool,
+}
+
+/// [`lock`] for admission: also says whether the Session has Work that is not
+/// yet stopped, and (with `workspace_id`) checks the Session's workspace, so
+/// admission needs no other read while it holds the lock.
+pub async fn lock_for_admission(
+    db: &mut PgConnection,
+    id: &str,
+    workspace_id: Option<&str>,
+) -> sqlx::Result<Option<(SessionRow, bool)>> {
+    let sql = format!(
+        "SELECT {COLUMNS},
+                EXISTS (SELECT 1 FROM work w WHERE w.session_id = sessions.id
+                          AND w.kind = 'session' AND w.state <> 'stopped') AS has_live_work
+         FROM sessions WHERE id = $1 AND ($2::text IS NULL OR workspace_id = $2)
+         FOR UPDATE OF sessions"
+    );
+    let row: Option<LockedSession> = sqlx::query_as(&sql)
+        .bind(id)
+        .bind(workspace_id)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|r| (r.session, r.has_live_work)))
+}
+
 pub struct ListFilter<'a> {
     pub workspace_id: &'a str,
     pub statuses: Vec<String>,
@@ -194,15 +224,19 @@ pub struct EventRow {
 /// Appends events to a Session locked by [`lock`] in this transaction:
 /// assigns ids, `processed_at` and sequence numbers, records tool calls that
 /// agent events open and results and confirmations that close them, and
-/// moves the status projection. Returns the stored wire objects.
+/// moves the status projection. With `wake_agent_loop`, also writes the
+/// outbox row. The events, the projection and the outbox row go in one
+/// statement: the Session lock is held for as few round trips as possible.
 pub async fn append(
     db: &mut PgConnection,
     session: &mut SessionRow,
     events: Vec<Map<String, Value>>,
+    wake_agent_loop: bool,
+    now: Timestamp,
 ) -> sqlx::Result<Vec<Value>> {
-    let now = time::now();
-    let mut stored = Vec::with_capacity(events.len());
     let mut status = session.status();
+    let (mut seqs, mut ids_, mut types, mut bodies) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for mut event in events {
         let event_type = event
             .get("type")
@@ -214,29 +248,37 @@ pub async fn append(
         event.insert("processed_at".into(), Value::String(time::format(&now)));
         record_tool_effects(db, &session.id, &id, &event_type, &mut event).await?;
         session.last_seq += 1;
-        let body = Value::Object(event);
-        sqlx::query("INSERT INTO session_events (session_id, seq, id, type, processed_at, body) VALUES ($1, $2, $3, $4, $5, $6)")
-            .bind(&session.id)
-            .bind(session.last_seq)
-            .bind(&id)
-            .bind(&event_type)
-            .bind(now)
-            .bind(&body)
-            .execute(&mut *db)
-            .await?;
         status = crate::session_rules::status_after(status, &event_type);
-        stored.push(body);
+        seqs.push(session.last_seq);
+        ids_.push(id);
+        types.push(event_type);
+        bodies.push(Value::Object(event));
     }
     session.status = status.as_str().to_string();
     session.updated_at = now;
-    sqlx::query("UPDATE sessions SET last_seq = $2, status = $3, updated_at = $4 WHERE id = $1")
-        .bind(&session.id)
-        .bind(session.last_seq)
-        .bind(&session.status)
-        .bind(now)
-        .execute(&mut *db)
-        .await?;
-    Ok(stored)
+    sqlx::query(
+        "WITH events AS (
+             INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
+             SELECT $1, e.seq, e.id, e.type, $5, e.body
+             FROM UNNEST($2::bigint[], $3::text[], $4::text[], $6::jsonb[]) AS e(seq, id, type, body)
+         ),
+         outbox AS (
+             INSERT INTO outbox (session_id, last_seq, created_at) SELECT $1, $7, $5 WHERE $9
+         )
+         UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5 WHERE id = $1",
+    )
+    .bind(&session.id)
+    .bind(&seqs)
+    .bind(&ids_)
+    .bind(&types)
+    .bind(now)
+    .bind(&bodies)
+    .bind(session.last_seq)
+    .bind(&session.status)
+    .bind(wake_agent_loop)
+    .execute(&mut *db)
+    .await?;
+    Ok(bodies)
 }
 
 /// Tool-call bookkeeping for one event being appended. Results and
@@ -426,20 +468,4 @@ pub async fn has_live_work(db: impl PgExecutor<'_>, session_id: &str) -> sqlx::R
             .fetch_optional(db)
             .await?;
     Ok(row.is_some())
-}
-
-/// Wakes the agent loop after commit (and records that this input needs it).
-pub async fn enqueue_outbox(
-    db: impl PgExecutor<'_>,
-    session_id: &str,
-    last_seq: i64,
-    now: Timestamp,
-) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO outbox (session_id, last_seq, created_at) VALUES ($1, $2, $3)")
-        .bind(session_id)
-        .bind(last_seq)
-        .bind(now)
-        .execute(db)
-        .await?;
-    Ok(())
 }

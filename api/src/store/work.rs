@@ -113,14 +113,14 @@ pub struct NewWork<'a> {
     pub created_at: Timestamp,
 }
 
-/// Inserts a queued item; the insert trigger wakes pollers at commit.
-pub async fn insert(db: impl PgExecutor<'_>, new: NewWork<'_>) -> sqlx::Result<WorkRow> {
-    let sql = format!(
-        "INSERT INTO work (id, environment_id, kind, session_id, metadata, state, ttl_seconds, created_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8)
-         RETURNING {COLUMNS}"
-    );
-    sqlx::query_as(&sql)
+const INSERT: &str = "INSERT INTO work (id, environment_id, kind, session_id, metadata, state, ttl_seconds, created_at, expires_at)
+     VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8)";
+
+fn bind_new<'q>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, WorkRow, sqlx::postgres::PgArguments>,
+    new: &NewWork<'q>,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, WorkRow, sqlx::postgres::PgArguments> {
+    query
         .bind(new.id)
         .bind(new.environment_id)
         .bind(if new.lease.kind == Kind::Healthcheck {
@@ -133,7 +133,26 @@ pub async fn insert(db: impl PgExecutor<'_>, new: NewWork<'_>) -> sqlx::Result<W
         .bind(new.lease.ttl_seconds as i32)
         .bind(new.created_at)
         .bind(new.lease.expires_at)
-        .fetch_one(db)
+}
+
+/// Inserts a queued item; the insert trigger wakes pollers at commit.
+pub async fn insert(db: impl PgExecutor<'_>, new: NewWork<'_>) -> sqlx::Result<WorkRow> {
+    let sql = format!("{INSERT} RETURNING {COLUMNS}");
+    bind_new(sqlx::query_as(&sql), &new).fetch_one(db).await
+}
+
+/// Inserts a Session's activation unless it already has Work that is not
+/// stopped (the `work_one_live_per_session` index decides, so a stale read of
+/// "no live Work" cannot make a second one). `None`: coalesced.
+pub async fn insert_activation(
+    db: impl PgExecutor<'_>,
+    new: NewWork<'_>,
+) -> sqlx::Result<Option<WorkRow>> {
+    let sql = format!(
+        "{INSERT} ON CONFLICT (session_id) WHERE kind = 'session' AND state <> 'stopped' DO NOTHING RETURNING {COLUMNS}"
+    );
+    bind_new(sqlx::query_as(&sql), &new)
+        .fetch_optional(db)
         .await
 }
 
