@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod routes;
 pub mod server;
 pub mod store;
+pub mod turn;
 pub mod wake;
 
 pub use context::{ApiContext, Settings};
