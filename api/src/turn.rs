@@ -187,6 +187,8 @@ pub fn transcript(events: &[Value]) -> Vec<Value> {
     }
     // Results for refused calls join the next user turn, after the assistant's calls.
     let mut refusals: Vec<Value> = Vec::new();
+    // Calls without a result yet; an interrupt answers them, and a late result is dropped.
+    let mut open: Vec<String> = Vec::new();
     for e in events {
         let id = e["id"].as_str().unwrap_or_default();
         let kind = e["type"].as_str().unwrap_or("");
@@ -220,6 +222,12 @@ pub fn transcript(events: &[Value]) -> Vec<Value> {
                     }
                 }
             }
+            "user.interrupt" => {
+                for call in open.drain(..) {
+                    refusals.push(json!({"type": "tool_result", "tool_use_id": call, "is_error": true,
+                        "content": [{"type": "text", "text": "the user interrupted this tool call"}]}));
+                }
+            }
             "agent.tool_use" | "agent.custom_tool_use" => {
                 push(
                     &mut messages,
@@ -236,11 +244,12 @@ pub fn transcript(events: &[Value]) -> Vec<Value> {
                 } else {
                     denied.get(id).and_then(Value::as_str).map(str::to_string)
                 };
-                if let Some(why) = refusal {
-                    refusals.push(
+                match refusal {
+                    Some(why) => refusals.push(
                         json!({"type": "tool_result", "tool_use_id": id, "is_error": true,
                         "content": [{"type": "text", "text": why}]}),
-                    );
+                    ),
+                    None => open.push(id.to_string()),
                 }
             }
             "user.tool_result" | "user.custom_tool_result" => {
@@ -248,6 +257,10 @@ pub fn transcript(events: &[Value]) -> Vec<Value> {
                     .as_str()
                     .or_else(|| e["custom_tool_use_id"].as_str())
                     .unwrap_or_default();
+                let Some(at) = open.iter().position(|c| c == call) else {
+                    continue; // interrupted earlier, or not a call of this transcript
+                };
+                open.remove(at);
                 let content = match e.get("content") {
                     Some(Value::Array(blocks)) if !blocks.is_empty() => {
                         Value::Array(blocks.clone())
@@ -484,5 +497,240 @@ mod tests {
         );
         assert_eq!(model_usage(&reply)["input_tokens"], 10);
         assert_eq!(model_usage(&reply)["cache_read_input_tokens"], 0);
+    }
+}
+
+/// What the agent loop should do next for a Session, from its events alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// Call the model; `open_request` is a `span.model_request_start` whose
+    /// call never stored a result (resume it rather than start another).
+    CallModel { open_request: Option<String> },
+    /// The last input was an interrupt: end the turn.
+    EndTurn,
+    /// Waiting for tool results or confirmations, or nothing to answer.
+    Wait,
+}
+
+/// Tool calls still holding the turn: not answered, not denied.
+pub fn pending_calls(events: &[Value]) -> Vec<String> {
+    let mut open: Vec<String> = Vec::new();
+    for e in events {
+        match e["type"].as_str().unwrap_or("") {
+            "agent.tool_use" if e["evaluated_permission"] != "deny" => {
+                open.extend(e["id"].as_str().map(str::to_string))
+            }
+            "agent.custom_tool_use" => open.extend(e["id"].as_str().map(str::to_string)),
+            "user.tool_result" | "user.custom_tool_result" => {
+                let call = e["tool_use_id"]
+                    .as_str()
+                    .or_else(|| e["custom_tool_use_id"].as_str());
+                open.retain(|id| Some(id.as_str()) != call);
+            }
+            "user.tool_confirmation" if e["result"] == "deny" => {
+                open.retain(|id| Some(id.as_str()) != e["tool_use_id"].as_str())
+            }
+            // An interrupt abandons the turn's open calls.
+            "user.interrupt" => open.clear(),
+            _ => {}
+        }
+    }
+    open
+}
+
+pub fn next(events: &[Value]) -> Next {
+    if events
+        .iter()
+        .any(|e| e["type"] == "session.status_terminated")
+    {
+        return Next::Wait;
+    }
+    let last_input = events.iter().rev().find(|e| {
+        matches!(
+            e["type"].as_str().unwrap_or(""),
+            "user.message"
+                | "user.interrupt"
+                | "user.tool_result"
+                | "user.custom_tool_result"
+                | "user.tool_confirmation"
+        )
+    });
+    let last_idle = events
+        .iter()
+        .rposition(|e| e["type"] == "session.status_idle");
+    let interrupt_at = events.iter().rposition(|e| e["type"] == "user.interrupt");
+    if let Some(at) = interrupt_at {
+        if last_input.is_some_and(|e| e["type"] == "user.interrupt") {
+            return if last_idle.is_some_and(|idle| idle > at) {
+                Next::Wait
+            } else {
+                Next::EndTurn
+            };
+        }
+    }
+    if !pending_calls(events).is_empty() {
+        return Next::Wait;
+    }
+    let messages = transcript(events);
+    if messages.last().is_none_or(|m| m["role"] != "user") {
+        return Next::Wait;
+    }
+    let open_request = events
+        .iter()
+        .rev()
+        .take_while(|e| e["type"] != "span.model_request_end")
+        .find(|e| e["type"] == "span.model_request_start")
+        .and_then(|e| e["id"].as_str().map(str::to_string));
+    Next::CallModel { open_request }
+}
+
+#[cfg(test)]
+mod next_tests {
+    use super::*;
+
+    fn ev(id: &str, t: &str, extra: Value) -> Value {
+        let mut e = json!({"id": id, "type": t});
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        e
+    }
+    fn msg(id: &str) -> Value {
+        ev(
+            id,
+            "user.message",
+            json!({"content": [{"type": "text", "text": "hi"}]}),
+        )
+    }
+
+    #[test]
+    fn a_new_message_calls_the_model_and_a_finished_turn_waits() {
+        assert_eq!(next(&[msg("1")]), Next::CallModel { open_request: None });
+        let done = vec![
+            msg("1"),
+            ev("2", "span.model_request_start", json!({})),
+            ev(
+                "3",
+                "agent.message",
+                json!({"content": [{"type": "text", "text": "hello"}]}),
+            ),
+            ev("4", "span.model_request_end", json!({})),
+            ev(
+                "5",
+                "session.status_idle",
+                json!({"stop_reason": {"type": "end_turn"}}),
+            ),
+        ];
+        assert_eq!(next(&done), Next::Wait);
+        let mut again = done.clone();
+        again.push(msg("6"));
+        assert_eq!(next(&again), Next::CallModel { open_request: None });
+    }
+
+    #[test]
+    fn tool_calls_hold_the_turn_until_answered_or_denied() {
+        let mut e = vec![
+            msg("1"),
+            ev("2", "span.model_request_start", json!({})),
+            ev(
+                "3",
+                "agent.tool_use",
+                json!({"name": "bash", "input": {}, "evaluated_permission": "allow"}),
+            ),
+            ev(
+                "4",
+                "agent.tool_use",
+                json!({"name": "bash", "input": {}, "evaluated_permission": "ask"}),
+            ),
+            ev("5", "span.model_request_end", json!({})),
+        ];
+        assert_eq!(pending_calls(&e), vec!["3".to_string(), "4".to_string()]);
+        assert_eq!(next(&e), Next::Wait);
+        e.push(ev(
+            "6",
+            "user.tool_result",
+            json!({"tool_use_id": "3", "content": []}),
+        ));
+        assert_eq!(next(&e), Next::Wait, "one still pending");
+        e.push(ev(
+            "7",
+            "user.tool_confirmation",
+            json!({"tool_use_id": "4", "result": "deny"}),
+        ));
+        assert_eq!(
+            next(&e),
+            Next::CallModel { open_request: None },
+            "all resolved: the model sees the results"
+        );
+    }
+
+    #[test]
+    fn an_unfinished_request_is_resumed_not_restarted() {
+        let e = vec![msg("1"), ev("2", "span.model_request_start", json!({}))];
+        assert_eq!(
+            next(&e),
+            Next::CallModel {
+                open_request: Some("2".into())
+            }
+        );
+    }
+
+    #[test]
+    fn after_an_interrupt_new_input_runs_and_abandoned_calls_are_answered_once() {
+        let e = vec![
+            msg("1"),
+            ev("2", "agent.tool_use", json!({"name": "bash", "input": {}})),
+            ev("3", "user.interrupt", json!({})),
+            ev(
+                "4",
+                "session.status_idle",
+                json!({"stop_reason": {"type": "end_turn"}}),
+            ),
+            ev(
+                "5",
+                "user.tool_result",
+                json!({"tool_use_id": "2", "content": [{"type": "text", "text": "late"}]}),
+            ),
+            msg("6"),
+        ];
+        assert!(pending_calls(&e).is_empty());
+        assert_eq!(next(&e), Next::CallModel { open_request: None });
+        let m = transcript(&e);
+        let results: Vec<&Value> = m
+            .iter()
+            .flat_map(|x| x["content"].as_array().unwrap())
+            .filter(|b| b["type"] == "tool_result")
+            .collect();
+        assert_eq!(
+            results.len(),
+            1,
+            "exactly one result for the interrupted call: {m:#?}"
+        );
+        assert_eq!(
+            results[0]["content"][0]["text"],
+            "the user interrupted this tool call"
+        );
+        assert_eq!(m.last().unwrap()["role"], "user");
+    }
+
+    #[test]
+    fn interrupts_end_the_turn_once_and_termination_stops_everything() {
+        let e = vec![
+            msg("1"),
+            ev("2", "agent.tool_use", json!({"name": "bash", "input": {}})),
+            ev("3", "user.interrupt", json!({})),
+        ];
+        assert_eq!(next(&e), Next::EndTurn);
+        let mut ended = e.clone();
+        ended.push(ev(
+            "4",
+            "session.status_idle",
+            json!({"stop_reason": {"type": "end_turn"}}),
+        ));
+        assert_eq!(next(&ended), Next::Wait);
+        assert_eq!(
+            next(&[msg("1"), ev("2", "session.status_terminated", json!({}))]),
+            Next::Wait
+        );
     }
 }
