@@ -177,7 +177,7 @@ async fn a_work_type_it_cannot_run_is_left_to_be_reclaimed(db: sqlx::PgPool) {
     let out = wait_output(
         &api,
         &work,
-        "session",
+        "mystery",
         dir.path(),
         format!("{}\n", work.secret.clone().unwrap()).into_bytes(),
     )
