@@ -17,6 +17,20 @@ pub struct Settings {
     pub sweep_interval: std::time::Duration,
     /// Event streams send `event: ping` at least this often (the spec allows 15 s).
     pub stream_ping_interval: std::time::Duration,
+    /// The Messages-API-compatible endpoint the agent loop calls; `None` runs no loop.
+    pub model_base_url: Option<String>,
+    /// Sent as `x-api-key` to the model endpoint only.
+    pub model_api_key: Option<Secret>,
+}
+
+/// A value that never appears in Debug output or logs.
+#[derive(Clone)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 impl Default for Settings {
@@ -26,6 +40,8 @@ impl Default for Settings {
             default_reclaim: Duration::milliseconds(5000),
             sweep_interval: std::time::Duration::from_secs(1),
             stream_ping_interval: std::time::Duration::from_secs(10),
+            model_base_url: None,
+            model_api_key: None,
         }
     }
 }
@@ -41,6 +57,8 @@ pub struct ApiContext {
     pub wake: Arc<WakeHub>,
     pub events: Arc<crate::feed::SessionFeeds>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Wakes the agent loop when an outbox row commits.
+    pub agent_wake: Arc<tokio::sync::Notify>,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
     recent_keys: Arc<Mutex<KeyLookups>>,
 }
@@ -57,6 +75,7 @@ impl ApiContext {
             settings: Arc::new(settings),
             wake: Arc::default(),
             metrics: Arc::default(),
+            agent_wake: Arc::default(),
             sightings: Arc::default(),
             recent_keys: Arc::default(),
         }

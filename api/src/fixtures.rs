@@ -69,3 +69,79 @@ impl LiveApi {
         }
     }
 }
+
+/// A scripted stand-in for a Messages API endpoint: answers `POST /v1/messages`
+/// with the queued replies in order (status, body) and records every request.
+pub struct ScriptedModel {
+    pub base: String,
+    replies: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u16, serde_json::Value)>>>,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, serde_json::Value)>>>,
+    _shutdown: tokio::sync::oneshot::Sender<()>,
+}
+
+impl ScriptedModel {
+    pub async fn start(replies: Vec<(u16, serde_json::Value)>) -> ScriptedModel {
+        use axum::extract::State;
+        type Shared = (
+            std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u16, serde_json::Value)>>>,
+            std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, serde_json::Value)>>>,
+        );
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(replies.into_iter().collect()));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let app = axum::Router::new()
+            .route(
+                "/v1/messages",
+                axum::routing::post(
+                    |State((queue, seen)): State<Shared>, headers: axum::http::HeaderMap, body: axum::Json<serde_json::Value>| async move {
+                        seen.lock().expect("requests lock").push((headers, body.0));
+                        let next = queue.lock().expect("script lock").pop_front();
+                        let (status, reply) = next.unwrap_or((
+                            500,
+                            serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}),
+                        ));
+                        (axum::http::StatusCode::from_u16(status).expect("a status"), axum::Json(reply))
+                    },
+                ),
+            )
+            .with_state((queue.clone(), seen.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let base = format!("http://{}", listener.local_addr().expect("bound"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        ScriptedModel {
+            base,
+            replies: queue,
+            requests: seen,
+            _shutdown: tx,
+        }
+    }
+
+    /// Every request so far: its headers and JSON body.
+    pub fn requests(&self) -> Vec<(axum::http::HeaderMap, serde_json::Value)> {
+        self.requests.lock().expect("requests lock").clone()
+    }
+
+    pub fn push_reply(&self, status: u16, body: serde_json::Value) {
+        self.replies
+            .lock()
+            .expect("script lock")
+            .push_back((status, body));
+    }
+}
+
+/// A Messages API reply with `content` blocks and a stop reason.
+pub fn model_reply(content: serde_json::Value, stop_reason: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": "msg_scripted", "type": "message", "role": "assistant", "model": "scripted",
+        "content": content, "stop_reason": stop_reason,
+        "usage": {"input_tokens": 12, "output_tokens": 7}
+    })
+}

@@ -2,6 +2,7 @@
 
 pub mod admission;
 pub mod agent_definition;
+pub mod agent_loop;
 pub mod auth;
 pub mod context;
 pub mod db;

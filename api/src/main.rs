@@ -38,6 +38,12 @@ enum Command {
         listen_addr: String,
         #[arg(long)]
         no_migrate: bool,
+        /// A Messages-API-compatible endpoint for the agent loop; without it no loop runs.
+        #[arg(long, env = "MANGO_MODEL_BASE_URL")]
+        model_base_url: Option<String>,
+        /// Sent to the model endpoint as x-api-key; never stored, logged or sent to a sandbox.
+        #[arg(long, env = "MANGO_MODEL_API_KEY", hide_env_values = true)]
+        model_api_key: Option<String>,
         /// Lease TTL when a heartbeat asks for none (1..=300).
         #[arg(long, env = "MANGO_DEFAULT_TTL_SECONDS", default_value_t = 120, value_parser = clap::value_parser!(i64).range(1..=300))]
         default_ttl_seconds: i64,
@@ -97,6 +103,8 @@ const LONG_FLAGS: &[&str] = &[
     "database-url",
     "db-max-connections",
     "listen-addr",
+    "model-base-url",
+    "model-api-key",
     "no-migrate",
     "default-ttl-seconds",
 ];
@@ -167,6 +175,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen_addr,
             no_migrate,
             default_ttl_seconds,
+            model_base_url,
+            model_api_key,
         } => {
             init_logging("info");
             let pool = connect(&db).await?;
@@ -179,6 +189,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(addr = %listener.local_addr()?, "mango api listening");
             let settings = Settings {
                 default_ttl_seconds,
+                model_base_url,
+                model_api_key: model_api_key.map(mango_api::context::Secret),
                 ..Settings::default()
             };
             server::serve(ApiContext::new(pool, settings), listener, shutdown_signal()).await

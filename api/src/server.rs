@@ -24,17 +24,28 @@ pub async fn serve(
     Ok(result?)
 }
 
-/// The LISTEN fan-out and the sweeper; both are per process and idempotent
-/// across replicas.
+/// The LISTEN fan-out, the sweeper and (with a model endpoint) the agent
+/// loop; all are per process and safe to run on every replica.
 pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![
+    let mut tasks = vec![
         tokio::spawn(wake::listen(
             ctx.db.clone(),
             ctx.wake.clone(),
             ctx.events.clone(),
+            ctx.agent_wake.clone(),
         )),
         tokio::spawn(sweep_forever(ctx.clone())),
-    ]
+    ];
+    match &ctx.settings.model_base_url {
+        Some(base) => {
+            let key = ctx.settings.model_api_key.as_ref().map(|k| k.0.clone());
+            let model = std::sync::Arc::new(crate::agent_loop::ModelEndpoint::new(base, key));
+            tracing::info!(model_base_url = %base, "agent loop running");
+            tasks.push(tokio::spawn(crate::agent_loop::run(ctx.clone(), model)));
+        }
+        None => tracing::info!("agent loop off: MANGO_MODEL_BASE_URL is not set"),
+    }
+    tasks
 }
 
 async fn sweep_forever(ctx: ApiContext) {

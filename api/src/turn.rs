@@ -571,6 +571,24 @@ pub fn next(events: &[Value]) -> Next {
     if !pending_calls(events).is_empty() {
         return Next::Wait;
     }
+    // A request that failed for good waits for new input before trying again.
+    let last_end = events
+        .iter()
+        .rposition(|e| e["type"] == "span.model_request_end");
+    if let Some(end) = last_end.filter(|at| events[*at]["is_error"] == true) {
+        let input_after = events[end..].iter().any(|e| {
+            matches!(
+                e["type"].as_str().unwrap_or(""),
+                "user.message"
+                    | "user.tool_result"
+                    | "user.custom_tool_result"
+                    | "user.tool_confirmation"
+            )
+        });
+        if !input_after {
+            return Next::Wait;
+        }
+    }
     let messages = transcript(events);
     if messages.last().is_none_or(|m| m["role"] != "user") {
         return Next::Wait;
@@ -662,6 +680,23 @@ mod next_tests {
             Next::CallModel { open_request: None },
             "all resolved: the model sees the results"
         );
+    }
+
+    #[test]
+    fn a_failed_request_waits_for_new_input() {
+        let mut e = vec![
+            msg("1"),
+            ev("2", "span.model_request_start", json!({})),
+            ev("3", "span.model_request_end", json!({"is_error": true})),
+            ev(
+                "4",
+                "session.status_idle",
+                json!({"stop_reason": {"type": "retries_exhausted"}}),
+            ),
+        ];
+        assert_eq!(next(&e), Next::Wait);
+        e.push(msg("5"));
+        assert_eq!(next(&e), Next::CallModel { open_request: None });
     }
 
     #[test]

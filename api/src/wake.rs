@@ -13,6 +13,8 @@ use tokio::sync::Notify;
 pub const CHANNEL: &str = "mango_work";
 /// Payload: the Session id whose event log grew.
 pub const EVENTS_CHANNEL: &str = "mango_events";
+/// Payload: the Session id with new input for the agent loop.
+pub const OUTBOX_CHANNEL: &str = "mango_outbox";
 
 #[derive(Default)]
 pub struct WakeHub {
@@ -54,11 +56,19 @@ impl WakeHub {
 }
 
 /// Runs until the process exits, reconnecting with back-off.
-pub async fn listen(pool: PgPool, hub: Arc<WakeHub>, events: Arc<crate::feed::SessionFeeds>) {
+pub async fn listen(
+    pool: PgPool,
+    hub: Arc<WakeHub>,
+    events: Arc<crate::feed::SessionFeeds>,
+    agent: Arc<Notify>,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match PgListener::connect_with(&pool).await {
-            Ok(mut listener) => match listener.listen_all([CHANNEL, EVENTS_CHANNEL]).await {
+            Ok(mut listener) => match listener
+                .listen_all([CHANNEL, EVENTS_CHANNEL, OUTBOX_CHANNEL])
+                .await
+            {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
                     hub.wake_all();
@@ -68,6 +78,7 @@ pub async fn listen(pool: PgPool, hub: Arc<WakeHub>, events: Arc<crate::feed::Se
                             Ok(Some(n)) if n.channel() == EVENTS_CHANNEL => {
                                 events.wake(n.payload())
                             }
+                            Ok(Some(n)) if n.channel() == OUTBOX_CHANNEL => agent.notify_waiters(),
                             Ok(Some(n)) => hub.wake(n.payload()),
                             Ok(None) => {
                                 // Connection dropped and was re-established; anything may have been missed.

@@ -1,0 +1,310 @@
+//! The agent loop against a scripted model endpoint, on PostgreSQL.
+mod common;
+use common::TestApp;
+use mango_api::context::Secret;
+use mango_api::fixtures::{model_reply, ScriptedModel};
+use mango_api::Settings;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const MODEL_KEY: &str = "sk-model-secret-never-stored";
+
+async fn app_with_model(db: sqlx::PgPool, model: &ScriptedModel) -> TestApp {
+    TestApp::start_with(
+        db,
+        Settings {
+            model_base_url: Some(model.base.clone()),
+            model_api_key: Some(Secret(MODEL_KEY.into())),
+            ..Settings::default()
+        },
+    )
+    .await
+}
+
+async fn session(app: &TestApp, tools: Value) -> String {
+    let agent = app
+        .call(Method::POST, "/v1/agents", Some(&app.ws_key), Some(json!({"name": "a", "model": "claude-scripted", "system": "be brief", "tools": tools})))
+        .await;
+    agent.expect(200);
+    let s = app
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(&app.ws_key),
+            Some(json!({"agent": agent.body["id"], "environment_id": app.env_id})),
+        )
+        .await;
+    s.expect(200);
+    s.body["id"].as_str().unwrap().to_string()
+}
+
+async fn send(app: &TestApp, session: &str, credential: &str, events: Value) -> Value {
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{session}/events"),
+            Some(credential),
+            Some(json!({"events": events})),
+        )
+        .await;
+    r.expect(200);
+    r.body
+}
+
+async fn events(app: &TestApp, session: &str) -> Vec<Value> {
+    let r = app
+        .call(
+            Method::GET,
+            &format!("/v1/sessions/{session}/events?limit=1000"),
+            Some(&app.ws_key),
+            None,
+        )
+        .await;
+    r.expect(200);
+    r.body["data"].as_array().unwrap().clone()
+}
+
+/// Waits until the Session's events satisfy `done`.
+async fn until(
+    app: &TestApp,
+    session: &str,
+    what: &str,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let e = events(app, session).await;
+        if done(&e) {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {:#?}",
+            e.iter().map(|e| &e["type"]).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+fn idle_with(events: &[Value], reason: &str) -> bool {
+    events
+        .last()
+        .is_some_and(|e| e["type"] == "session.status_idle" && e["stop_reason"]["type"] == reason)
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_text_reply_ends_the_turn(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![(
+        200,
+        model_reply(json!([{"type": "text", "text": "hello there"}]), "end_turn"),
+    )])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session(&app, json!([])).await;
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "hi"}]}]),
+    )
+    .await;
+    let e = until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
+    assert_eq!(
+        types(&e),
+        [
+            "user.message",
+            "session.status_running",
+            "span.model_request_start",
+            "agent.message",
+            "span.model_request_end",
+            "session.status_idle"
+        ]
+    );
+    assert_eq!(e[3]["content"][0]["text"], "hello there");
+    assert_eq!(e[4]["model_request_start_id"], e[2]["id"]);
+    assert_eq!(e[4]["model_usage"]["input_tokens"], 12);
+
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1, "one model call per turn");
+    let (headers, body) = &requests[0];
+    assert_eq!(headers.get("x-api-key").unwrap(), MODEL_KEY);
+    assert_eq!(body["model"], "claude-scripted");
+    assert_eq!(body["system"], "be brief");
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    );
+    let everything = serde_json::to_string(&e).unwrap();
+    assert!(
+        !everything.contains(MODEL_KEY),
+        "the model key never reaches an event"
+    );
+    let status = app
+        .call(
+            Method::GET,
+            &format!("/v1/sessions/{s}"),
+            Some(&app.ws_key),
+            None,
+        )
+        .await;
+    assert_eq!(status.body["status"], "idle");
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn tool_calls_wait_for_results_then_the_model_continues(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![
+        (200, model_reply(json!([
+            {"type": "text", "text": "running it"},
+            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo hi"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "no_such_tool", "input": {}}
+        ]), "tool_use")),
+        (200, model_reply(json!([{"type": "text", "text": "all done"}]), "end_turn")),
+    ])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]),
+    )
+    .await;
+    let e = until(&app, &s, "requires_action", |e| {
+        idle_with(e, "requires_action")
+    })
+    .await;
+    let call = e
+        .iter()
+        .find(|e| e["type"] == "agent.tool_use" && e["name"] == "bash")
+        .unwrap()
+        .clone();
+    let unknown = e.iter().find(|e| e["name"] == "no_such_tool").unwrap();
+    assert_eq!(call["evaluated_permission"], "allow");
+    assert_eq!(
+        unknown["evaluated_permission"], "deny",
+        "a tool the agent does not have is refused, visibly"
+    );
+    assert_eq!(
+        e.last().unwrap()["stop_reason"]["event_ids"],
+        json!([call["id"]])
+    );
+
+    // The worker answers with its sessions token.
+    let claim = app.poll().await.expect("session work for the tool call");
+    app.ack(&claim.id).await.expect(200);
+    send(&app, &s, &claim.token, json!([{"type": "user.tool_result", "tool_use_id": call["id"], "content": [{"type": "text", "text": "hi"}], "is_error": false}])).await;
+    let e = until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
+    assert_eq!(
+        e.iter()
+            .filter(|e| e["type"] == "span.model_request_start")
+            .count(),
+        2
+    );
+    let second = &model.requests()[1].1;
+    let results: Vec<&Value> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().unwrap())
+        .filter(|b| b["type"] == "tool_result")
+        .collect();
+    assert_eq!(
+        results.len(),
+        2,
+        "the model sees the bash result and the refusal: {second:#}"
+    );
+    assert!(results
+        .iter()
+        .any(|r| r["tool_use_id"] == call["id"] && r["content"][0]["text"] == "hi"));
+    assert!(results
+        .iter()
+        .any(|r| r["tool_use_id"] == unknown["id"] && r["is_error"] == true));
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![
+        (
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+        ),
+        (
+            200,
+            model_reply(json!([{"type": "text", "text": "ok"}]), "end_turn"),
+        ),
+        (
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}),
+        ),
+        (
+            200,
+            model_reply(json!([{"type": "text", "text": "back"}]), "end_turn"),
+        ),
+    ])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session(&app, json!([])).await;
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "1"}]}]),
+    )
+    .await;
+    let e = until(&app, &s, "retry then end of turn", |e| {
+        idle_with(e, "end_turn")
+    })
+    .await;
+    let error = e
+        .iter()
+        .find(|e| e["type"] == "session.error")
+        .expect("the overload is reported");
+    assert_eq!(error["error"]["type"], "model_overloaded_error");
+    assert_eq!(error["error"]["retry_status"]["type"], "retrying");
+    assert_eq!(
+        e.iter()
+            .filter(|e| e["type"] == "span.model_request_start")
+            .count(),
+        1,
+        "the retry resumes the same request"
+    );
+
+    // A permanent failure ends the turn with an error, and the next message works.
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "2"}]}]),
+    )
+    .await;
+    let e = until(&app, &s, "a failed turn", |e| {
+        idle_with(e, "retries_exhausted")
+    })
+    .await;
+    assert_eq!(
+        e.iter()
+            .rev()
+            .find(|e| e["type"] == "session.error")
+            .unwrap()["error"]["retry_status"]["type"],
+        "terminal"
+    );
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "3"}]}]),
+    )
+    .await;
+    let e = until(&app, &s, "recovery", |e| {
+        idle_with(e, "end_turn") && e.iter().any(|x| x["content"][0]["text"] == "back")
+    })
+    .await;
+    assert_eq!(model.requests().len(), 4);
+    let _ = e;
+}
