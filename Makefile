@@ -9,6 +9,8 @@ run:
 test:
 	@scripts/test.sh
 
-# Lease/wake/depth benchmark (release build); prints numbers and ratios.
+# Lease/wake/depth/events/runner benchmark (release build); prints numbers and ratios.
+# The runner phase starts target/release/mango-worker, hence both packages.
 bench:
-	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" cargo run --release -q -p mango-api --bin mango-bench -- all
+	@cargo build --release -q -p mango-runner -p mango-api
+	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" target/release/mango-bench all

@@ -10,11 +10,16 @@
 //! * `depth`: poll → ack latency with 1,000 vs 100,000 items queued;
 //! * `events`: Session event admission (own Sessions vs one Session) and the
 //!   fan-out of one Session's SSE stream to many readers;
-//! * `all` (the default): all four.
+//! * `runner`: the item runner's (`mango-worker item`, a separate process)
+//!   tool round trip and peak RSS, against the official Python SDK's
+//!   `EnvironmentWorker` serving the same script on the same server;
+//! * `all` (the default): all five.
 //!
 //! The last line is machine-readable:
 //! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
-//! admitted_events_per_s=… admitted_one_session_per_s=… fanout_p50_ms=… fanout_p99_ms=…`
+//! admitted_events_per_s=… admitted_one_session_per_s=… fanout_p50_ms=… fanout_p99_ms=…
+//! runner_p50_ms=… runner_p99_ms=… sdk_p50_ms=… sdk_p99_ms=… runner_rss_mib=…
+//! sdk_rss_mib=… p50_ratio=… rss_ratio=… floor_p50_ms=…` (`n/a` where the SDK half was skipped)
 //! (a single phase prints only its own keys). The database is dropped at the end.
 
 #[path = "mango_bench/depth.rs"]
@@ -25,6 +30,8 @@ mod events;
 mod harness;
 #[path = "mango_bench/lease.rs"]
 mod lease;
+#[path = "mango_bench/runner.rs"]
+mod runner;
 #[path = "mango_bench/wake.rs"]
 mod wake;
 
@@ -36,7 +43,7 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(
     name = "mango-bench",
-    about = "Benchmarks of the Mango Work lease and Session event APIs"
+    about = "Benchmarks of the Mango Work lease and Session event APIs, and of the item runner"
 )]
 struct Cli {
     /// Admin PostgreSQL URL; the bench creates and drops its own database there.
@@ -94,6 +101,12 @@ struct Cli {
     /// EXPLAIN ANALYZE of the claim at each depth.
     #[arg(long, global = true)]
     profile: bool,
+    /// Measured tool round trips per worker (runner).
+    #[arg(long, default_value_t = 100, global = true)]
+    runner_calls: usize,
+    /// Warm-up tool round trips before them (runner).
+    #[arg(long, default_value_t = 5, global = true)]
+    runner_warmup: usize,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -111,6 +124,10 @@ enum Command {
     Depth,
     /// Event admission per second, and SSE fan-out latency to many readers.
     Events,
+    /// The item runner's tool round trip and peak RSS vs the Python SDK's
+    /// EnvironmentWorker (needs target/release/mango-worker; the SDK half
+    /// needs .venv, see scripts/venv.sh).
+    Runner,
     /// All of the above (the default).
     All,
 }
@@ -121,6 +138,7 @@ struct Summary {
     wake: Option<wake::WakeResult>,
     depth: Option<depth::DepthResult>,
     events: Option<events::EventsResult>,
+    runner: Option<runner::RunnerResult>,
 }
 
 impl Summary {
@@ -145,6 +163,29 @@ impl Summary {
             ));
             parts.push(format!("fanout_p50_ms={:.2}", e.fanout_p50_ms));
             parts.push(format!("fanout_p99_ms={:.2}", e.fanout_p99_ms));
+        }
+        if let Some(r) = &self.runner {
+            let na = |v: Option<f64>, digits: usize| {
+                v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"))
+            };
+            parts.push(format!("runner_p50_ms={:.2}", r.runner.p50_ms));
+            parts.push(format!("runner_p99_ms={:.2}", r.runner.p99_ms));
+            parts.push(format!(
+                "sdk_p50_ms={}",
+                na(r.sdk.as_ref().map(|s| s.p50_ms), 2)
+            ));
+            parts.push(format!(
+                "sdk_p99_ms={}",
+                na(r.sdk.as_ref().map(|s| s.p99_ms), 2)
+            ));
+            parts.push(format!("runner_rss_mib={:.2}", r.runner.rss_mib));
+            parts.push(format!(
+                "sdk_rss_mib={}",
+                na(r.sdk.as_ref().map(|s| s.rss_mib), 2)
+            ));
+            parts.push(format!("p50_ratio={}", na(r.p50_ratio(), 3)));
+            parts.push(format!("rss_ratio={}", na(r.rss_ratio(), 3)));
+            parts.push(format!("floor_p50_ms={:.2}", r.floor.p50_ms));
         }
         parts.join(" ")
     }
@@ -190,6 +231,13 @@ async fn run(cli: &Cli, bench: &Arc<Bench>, command: Command) -> anyhow::Result<
         };
         summary.events = Some(events::run(bench, &opts).await?);
     }
+    if all || command == Command::Runner {
+        let opts = runner::Options {
+            calls: cli.runner_calls,
+            warmup: cli.runner_warmup,
+        };
+        summary.runner = Some(runner::run(bench, &opts).await?);
+    }
     Ok(summary)
 }
 
@@ -217,6 +265,7 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
         "--fanout-rate and --fanout-seconds must be positive"
     );
     anyhow::ensure!(cli.wake_samples > 0, "--wake-samples must be at least 1");
+    anyhow::ensure!(cli.runner_calls > 0, "--runner-calls must be at least 1");
     Ok(())
 }
 

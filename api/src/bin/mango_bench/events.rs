@@ -399,7 +399,7 @@ async fn read_stream(
 }
 
 /// The end (exclusive, including the blank line) of the first complete frame.
-fn frame_end(buf: &[u8]) -> Option<usize> {
+pub fn frame_end(buf: &[u8]) -> Option<usize> {
     let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
     let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
     match (lf, crlf) {

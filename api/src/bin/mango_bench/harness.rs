@@ -385,6 +385,24 @@ impl Api {
         }))
     }
 
+    /// Poll with the Environment key, as a supervisor does: the whole item,
+    /// secret included; `query` is e.g. `"?block_ms=999"`.
+    pub async fn poll_work(
+        &self,
+        query: &str,
+        worker_id: &str,
+    ) -> anyhow::Result<Option<mango_protocol::Work>> {
+        let reply = self
+            .http
+            .get(format!("{}/poll{query}", self.work_url))
+            .bearer_auth(&self.env_key)
+            .header("Anthropic-Worker-ID", worker_id)
+            .send()
+            .await?;
+        let bytes = expect(reply, StatusCode::OK, "poll").await?;
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
     pub async fn ack(&self, id: &str) -> anyhow::Result<()> {
         let reply = self
             .http
@@ -470,6 +488,18 @@ impl Api {
             .post(format!("{}/sessions/{session}/events", self.v1()))
             .bearer_auth(&self.ws_key)
             .json(&json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}))
+            .send()
+            .await?;
+        expect(reply, StatusCode::OK, "send events").await.map(drop)
+    }
+
+    /// Sends `events` to Session `session` with the Workspace key.
+    pub async fn send_events(&self, session: &str, events: Vec<Value>) -> anyhow::Result<()> {
+        let reply = self
+            .http
+            .post(format!("{}/sessions/{session}/events", self.v1()))
+            .bearer_auth(&self.ws_key)
+            .json(&json!({ "events": events }))
             .send()
             .await?;
         expect(reply, StatusCode::OK, "send events").await.map(drop)

@@ -1,0 +1,657 @@
+//! `runner`: the item runner's tool round trip and memory, against the
+//! official Python SDK's `EnvironmentWorker` on the same server in the same run.
+//!
+//! Per side: a Session with one `user.message`, its Work polled and acked with
+//! the Environment key (as a supervisor does), then the worker process serving
+//! that one item — `mango-worker item` (built from the `runner` crate, found
+//! next to this executable) or `EnvironmentWorker.handle_item()` in a Python
+//! subprocess. The bench appends `agent.tool_use` `bash` `echo …` events
+//! in-process (as the agent loop does), one at a time; a sample is the time
+//! from just before the append to the matching `user.tool_result` arriving on
+//! the Session's SSE stream (read with the Workspace key). After the measured
+//! calls the worker's peak RSS (`VmHWM` of its own process, not of the shell it
+//! spawns) is read from /proc; only then is `session.status_terminated`
+//! appended and the worker waited for.
+//!
+//! First, the floor under both: the same script with the bench itself
+//! answering each call over HTTP (no worker process, no shell), i.e. what the
+//! server and the transport cost; the p50 ratio of the totals cannot go
+//! below floor / SDK, so the time above the floor is printed as well.
+
+use crate::events::frame_end;
+use crate::harness::{ms, percentile, Api, Bench};
+use anyhow::{bail, Context};
+use mango_api::admission::append_agent_events;
+use mango_protocol::WorkData;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+pub const TARGET_RSS_MIB: f64 = 20.0;
+/// Ours must be at most this fraction of the SDK's (p50 round trip, peak RSS).
+pub const TARGET_RATIO: f64 = 1.0 / 3.0;
+/// The first call also covers the worker's start (Python imports included).
+const FIRST_RESULT: Duration = Duration::from_secs(60);
+const RESULT_TIMEOUT: Duration = Duration::from_secs(20);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The tool subprocesses' PATH, the same for both sides.
+const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+const SDK_DRIVER: &str = include_str!("sdk_worker.py");
+
+pub struct Options {
+    pub calls: usize,
+    pub warmup: usize,
+}
+
+pub struct Side {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub rss_mib: f64,
+}
+
+pub struct RunnerResult {
+    /// The bench answering the calls itself: server and transport only.
+    pub floor: Side,
+    pub runner: Side,
+    pub sdk: Option<Side>,
+}
+
+impl RunnerResult {
+    /// Ours / the SDK's p50 round trip.
+    pub fn p50_ratio(&self) -> Option<f64> {
+        self.sdk.as_ref().map(|s| self.runner.p50_ms / s.p50_ms)
+    }
+    /// Ours / the SDK's peak RSS.
+    pub fn rss_ratio(&self) -> Option<f64> {
+        self.sdk.as_ref().map(|s| self.runner.rss_mib / s.rss_mib)
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "meets"
+    } else {
+        "MISSES"
+    }
+}
+
+/// Which worker serves the item.
+enum Launch<'a> {
+    Runner(&'a Path),
+    Sdk { python: &'a Path, driver: &'a Path },
+}
+
+impl Launch<'_> {
+    fn label(&self) -> &'static str {
+        match self {
+            Launch::Runner(_) => "runner",
+            Launch::Sdk { .. } => "sdk",
+        }
+    }
+}
+
+/// `mango-worker` next to this executable (both are built into target/release).
+fn locate_worker() -> anyhow::Result<PathBuf> {
+    let path = std::env::current_exe()
+        .context("cannot locate the bench executable")?
+        .with_file_name("mango-worker");
+    if !path.is_file() {
+        bail!(
+            "{} not found: build the runner next to the bench with \
+             `cargo build --release -p mango-runner -p mango-api`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// `MANGO_BENCH_PYTHON`, else `.venv/bin/python` of the repository (created
+/// by `scripts/venv.sh`); `None`, with the reason printed, if it cannot run
+/// the SDK's `EnvironmentWorker`.
+async fn locate_python(driver: &Path) -> Option<PathBuf> {
+    let python = match std::env::var_os("MANGO_BENCH_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap_or(Path::new("."))
+                .to_path_buf();
+            let candidates = [
+                repo.join(".venv/bin/python"),
+                PathBuf::from(".venv/bin/python"),
+            ];
+            match candidates.into_iter().find(|p| p.is_file()) {
+                Some(p) => p,
+                None => {
+                    println!(
+                        "runner: SDK half skipped: no .venv/bin/python (create it with scripts/venv.sh, or set MANGO_BENCH_PYTHON)"
+                    );
+                    return None;
+                }
+            }
+        }
+    };
+    let check = tokio::process::Command::new(&python)
+        .arg(driver)
+        .arg("--check")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .await;
+    match check {
+        Ok(out) if out.status.success() => Some(python),
+        Ok(out) => {
+            println!(
+                "runner: SDK half skipped: {} cannot import anthropic's EnvironmentWorker (install with scripts/venv.sh): {}",
+                python.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        Err(err) => {
+            println!(
+                "runner: SDK half skipped: cannot run {}: {err}",
+                python.display()
+            );
+            None
+        }
+    }
+}
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> anyhow::Result<Scratch> {
+        let dir = std::env::temp_dir().join(name);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).ok();
+        }
+        std::fs::create_dir_all(dir.join("workspace"))
+            .with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+    fn workspace(&self) -> PathBuf {
+        self.0.join("workspace")
+    }
+    fn log(&self) -> PathBuf {
+        self.0.join("worker.log")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> {
+    let worker = locate_worker()?;
+    let scratch = Scratch::new(&format!("{}_sdk_driver", bench.db_name))?;
+    let driver = scratch.0.join("sdk_worker.py");
+    std::fs::write(&driver, SDK_DRIVER).context("writing the SDK driver")?;
+    let python = locate_python(&driver).await;
+
+    // Whatever earlier phases left queued would be polled instead of our items.
+    bench.clear_live().await?;
+    let api = bench.api.with_new_client()?;
+    let agent = api.create_agent("bench-runner").await?;
+
+    println!(
+        "runner: the floor first: {} warm-up + {} calls, each answered by the bench itself over HTTP (no worker process) ...",
+        opts.warmup,
+        opts.calls
+    );
+    let floor = floor(bench, &api, &agent, opts).await?;
+    // Its results created Work for that Session; nobody is to poll it.
+    bench.clear_live().await?;
+    println!(
+        "runner: {} item, {} warm-up + {} measured sequential `bash echo` round trips (tool_use admitted → tool_result on the SSE stream) ...",
+        worker.display(),
+        opts.warmup,
+        opts.calls
+    );
+    let runner = side(bench, &api, &agent, opts, Launch::Runner(&worker)).await?;
+    let sdk = match &python {
+        Some(python) => {
+            println!(
+                "runner: the Python SDK's EnvironmentWorker.handle_item() ({}), the same script ...",
+                python.display()
+            );
+            Some(
+                side(
+                    bench,
+                    &api,
+                    &agent,
+                    opts,
+                    Launch::Sdk {
+                        python,
+                        driver: &driver,
+                    },
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
+    let result = RunnerResult { floor, runner, sdk };
+    let floor = &result.floor;
+    println!(
+        "runner: floor (server + bench, no worker) p50 {:.2} ms, p99 {:.2} ms",
+        floor.p50_ms, floor.p99_ms
+    );
+    let r = &result.runner;
+    println!(
+        "runner: round trip p50 {:.2} ms, p99 {:.2} ms; peak RSS {:.2} MiB (target ≤ {TARGET_RSS_MIB:.0}: {})",
+        r.p50_ms,
+        r.p99_ms,
+        r.rss_mib,
+        verdict(r.rss_mib <= TARGET_RSS_MIB)
+    );
+    match (&result.sdk, result.p50_ratio(), result.rss_ratio()) {
+        (Some(s), Some(p50), Some(rss)) => {
+            println!(
+                "runner: SDK round trip p50 {:.2} ms, p99 {:.2} ms; peak RSS {:.2} MiB",
+                s.p50_ms, s.p99_ms, s.rss_mib
+            );
+            println!(
+                "runner: ours / SDK: p50 {p50:.3} (target ≤ 0.333: {}), peak RSS {rss:.3} (target ≤ 0.333: {})",
+                verdict(p50 <= TARGET_RATIO),
+                verdict(rss <= TARGET_RATIO)
+            );
+            println!(
+                "runner: above the floor, p50: ours {:.2} ms, SDK {:.2} ms (ratio {:.3})",
+                r.p50_ms - floor.p50_ms,
+                s.p50_ms - floor.p50_ms,
+                (r.p50_ms - floor.p50_ms) / (s.p50_ms - floor.p50_ms)
+            );
+        }
+        _ => println!("runner: ours / SDK: n/a (SDK half skipped)"),
+    }
+    Ok(result)
+}
+
+/// An event seen on the stream: when its frame arrived, and the event.
+type Arrival = (Instant, Value);
+
+/// One worker serving one Session's Work through the whole script.
+async fn side(
+    bench: &Bench,
+    api: &Api,
+    agent: &str,
+    opts: &Options,
+    launch: Launch<'_>,
+) -> anyhow::Result<Side> {
+    let label = launch.label();
+    let session = api.create_session(agent, &bench.env_id).await?;
+    api.send_message(&session, "go").await?;
+    let work = claim(api, &session).await?;
+    let secret = work.secret.clone().context("Poll returned no secret")?;
+
+    // Subscribed before the worker starts, so no result can be missed.
+    let stream = api.open_stream(&session).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
+    let reader = tokio::spawn(read_frames(stream, "user.tool_result", tx));
+
+    let scratch = Scratch::new(&format!("{}_{label}", bench.db_name))?;
+    let log = std::fs::File::create(scratch.log())?;
+    let mut command = match &launch {
+        Launch::Runner(worker) => {
+            let mut c = clean_command(worker);
+            c.arg("item")
+                .env("MANGO_BASE_URL", &bench.base)
+                .env("MANGO_WORK_ID", &work.id)
+                .env("MANGO_ENVIRONMENT_ID", &bench.env_id)
+                .env("MANGO_WORK_TYPE", "session")
+                .env("MANGO_SESSION_ID", &session)
+                .env("MANGO_WORKSPACE", scratch.workspace())
+                .stdin(Stdio::piped());
+            c
+        }
+        Launch::Sdk { python, driver } => {
+            let mut c = clean_command(python);
+            c.arg(driver)
+                .env("ANTHROPIC_BASE_URL", &bench.base)
+                .env("ANTHROPIC_WORK_ID", &work.id)
+                .env("ANTHROPIC_ENVIRONMENT_ID", &bench.env_id)
+                .env("ANTHROPIC_SESSION_ID", &session)
+                .env("ANTHROPIC_WORK_SECRET", &secret)
+                .stdin(Stdio::null());
+            c
+        }
+    };
+    let mut child = command
+        .current_dir(scratch.workspace())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting the {label} worker"))?;
+    if let Launch::Runner(_) = launch {
+        let mut stdin = child.stdin.take().context("no stdin")?;
+        stdin.write_all(format!("{secret}\n").as_bytes()).await?;
+        stdin.shutdown().await?;
+    }
+    let pid = child.id().context("the worker has no pid")?;
+
+    let outcome = script(bench, &session, opts, Some(&mut child), &mut rx, label).await;
+    let outcome = match outcome {
+        Ok(mut samples) => {
+            let rss = proc_status_kib(pid, "VmHWM");
+            let children = children_rss_kib(pid);
+            match rss {
+                Some(kib) => {
+                    let rss_mib = kib as f64 / 1024.0;
+                    let (n, child_kib) = children;
+                    println!(
+                        "  {label}: {} round trips p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; peak RSS (VmHWM) {rss_mib:.2} MiB ({n} child processes, now {:.2} MiB RSS, not counted)",
+                        samples.len(),
+                        percentile(&mut samples, 50.0),
+                        percentile(&mut samples, 99.0),
+                        percentile(&mut samples, 100.0),
+                        child_kib as f64 / 1024.0
+                    );
+                    Ok(Side {
+                        p50_ms: percentile(&mut samples, 50.0),
+                        p99_ms: percentile(&mut samples, 99.0),
+                        rss_mib,
+                    })
+                }
+                None => Err(anyhow::anyhow!(
+                    "{label}: cannot read VmHWM from /proc/{pid}/status"
+                )),
+            }
+        }
+        Err(err) => Err(err),
+    };
+
+    // Only now does the Session end; the worker should exit on its own.
+    let ended = append_agent_events(
+        &bench.pool,
+        &session,
+        vec![json!({"type": "session.status_terminated"})],
+    )
+    .await;
+    let exit = tokio::time::timeout(EXIT_TIMEOUT, child.wait()).await;
+    reader.abort();
+    match exit {
+        Ok(Ok(status)) if status.success() => {}
+        Ok(Ok(status)) => println!("  warning ({label}): the worker exited with {status}"),
+        Ok(Err(err)) => println!("  warning ({label}): waiting for the worker: {err}"),
+        Err(_) => {
+            println!(
+                "  warning ({label}): the worker did not exit within {EXIT_TIMEOUT:?} of session.status_terminated; killed"
+            );
+            child.kill().await.ok();
+        }
+    }
+    if outcome.is_err() {
+        print_log_tail(&scratch.log(), label);
+    }
+    ended.map_err(|e| anyhow::anyhow!("terminating the session: {e:?}"))?;
+    outcome
+}
+
+/// No inherited environment (so no credential of ours) beyond PATH and HOME.
+fn clean_command(program: &Path) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(program);
+    c.env_clear().env("PATH", TOOL_PATH);
+    if let Some(home) = std::env::var_os("HOME") {
+        c.env("HOME", home);
+    }
+    c
+}
+
+/// Polls (with the Environment key) until the Work of `session` is handed out, and acks it.
+async fn claim(api: &Api, session: &str) -> anyhow::Result<mango_protocol::Work> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(work) = api.poll_work("?block_ms=999", "bench-supervisor").await? {
+            match &work.data {
+                WorkData::Session { id } if id == session => {
+                    api.ack(&work.id).await?;
+                    return Ok(work);
+                }
+                other => bail!(
+                    "polled {} ({other:?}) instead of the Work of {session}",
+                    work.id
+                ),
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the Work of {session} was not handed out within 10 s");
+        }
+    }
+}
+
+/// The measured script: warm-up + measured calls, one at a time; returns the
+/// measured round trips in ms.
+async fn script(
+    bench: &Bench,
+    session: &str,
+    opts: &Options,
+    mut child: Option<&mut tokio::process::Child>,
+    rx: &mut mpsc::UnboundedReceiver<Arrival>,
+    label: &str,
+) -> anyhow::Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(opts.calls);
+    // Results that arrived before their call's id was known.
+    let mut early: HashMap<String, (Instant, Value)> = HashMap::new();
+    for i in 0..opts.warmup + opts.calls {
+        let word = format!("bench-{label}-{i}");
+        let started = Instant::now();
+        let stored = append_agent_events(
+            &bench.pool,
+            session,
+            vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": format!("echo {word}")}, "evaluated_permission": "allow"})],
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("appending agent.tool_use: {e:?}"))?;
+        let call = stored
+            .first()
+            .and_then(|e| e["id"].as_str())
+            .context("the appended tool_use has no id")?
+            .to_string();
+        let limit = if i == 0 { FIRST_RESULT } else { RESULT_TIMEOUT };
+        let deadline = tokio::time::Instant::now() + limit;
+        let (arrived, event) = loop {
+            if let Some(found) = early.remove(&call) {
+                break found;
+            }
+            tokio::select! {
+                got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
+                    Ok(Some((at, event))) => {
+                        let id = event["tool_use_id"].as_str().unwrap_or_default().to_string();
+                        early.insert(id, (at, event));
+                    }
+                    Ok(None) => bail!("{label}: the event stream ended"),
+                    Err(_) => bail!("{label}: no user.tool_result for call {i} ({call}) within {limit:?}"),
+                },
+                status = exited(&mut child) => {
+                    bail!("{label}: the worker exited ({}) before answering call {i}", status?);
+                }
+            }
+        };
+        let text = result_text(&event);
+        if event["is_error"] == true || !text.contains(&word) {
+            bail!("{label}: unexpected result for call {i}: {event}");
+        }
+        if i >= opts.warmup {
+            samples.push(ms(arrived.duration_since(started)));
+        }
+    }
+    Ok(samples)
+}
+
+/// The worker's exit, or never when there is no worker process.
+async fn exited(
+    child: &mut Option<&mut tokio::process::Child>,
+) -> std::io::Result<std::process::ExitStatus> {
+    match child {
+        Some(child) => child.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The floor under any worker: the same script answered by the bench itself,
+/// which reads `agent.tool_use` on a second stream of the Session and POSTs
+/// the `user.tool_result` with the Workspace key at once (no process, no
+/// shell): admission, NOTIFY and SSE delivery twice, one HTTP request.
+async fn floor(bench: &Bench, api: &Api, agent: &str, opts: &Options) -> anyhow::Result<Side> {
+    let session = api.create_session(agent, &bench.env_id).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
+    let reader = tokio::spawn(read_frames(
+        api.open_stream(&session).await?,
+        "user.tool_result",
+        tx,
+    ));
+    let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
+    let call_reader = tokio::spawn(read_frames(
+        api.open_stream(&session).await?,
+        "agent.tool_use",
+        call_tx,
+    ));
+    let responder = {
+        let (api, session) = (api.clone(), session.clone());
+        tokio::spawn(async move {
+            while let Some((_, call)) = calls.recv().await {
+                let command = call["input"]["command"].as_str().unwrap_or_default();
+                let word = command.strip_prefix("echo ").unwrap_or(command);
+                let result = json!({
+                    "type": "user.tool_result",
+                    "tool_use_id": call["id"],
+                    "content": [{"type": "text", "text": word}],
+                    "is_error": false,
+                });
+                api.send_events(&session, vec![result]).await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let outcome = script(bench, &session, opts, None, &mut rx, "floor").await;
+    for task in [reader, call_reader] {
+        task.abort();
+    }
+    responder.abort();
+    let mut samples = outcome?;
+    let side = Side {
+        p50_ms: percentile(&mut samples, 50.0),
+        p99_ms: percentile(&mut samples, 99.0),
+        rss_mib: 0.0,
+    };
+    println!(
+        "  floor: {} round trips p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        samples.len(),
+        side.p50_ms,
+        side.p99_ms,
+        percentile(&mut samples, 100.0)
+    );
+    Ok(side)
+}
+
+fn result_text(event: &Value) -> String {
+    match &event["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Forwards every frame of the stream whose event type is `wanted`, stamped on arrival.
+async fn read_frames(
+    mut response: reqwest::Response,
+    wanted: &'static str,
+    tx: mpsc::UnboundedSender<Arrival>,
+) -> anyhow::Result<()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    while let Some(chunk) = response.chunk().await? {
+        let arrived = Instant::now();
+        buf.extend_from_slice(&chunk);
+        while let Some(end) = frame_end(&buf) {
+            let frame: Vec<u8> = buf.drain(..end).collect();
+            let text = std::str::from_utf8(&frame).context("frame is not UTF-8")?;
+            let mut event = "message";
+            let mut data = String::new();
+            for line in text.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim_start();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    if !data.is_empty() {
+                        data.push('\n');
+                    }
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            if event != wanted {
+                continue;
+            }
+            let body: Value =
+                serde_json::from_str(&data).with_context(|| format!("{wanted} frame data"))?;
+            if tx.send((arrived, body)).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `kB` field (e.g. `VmHWM`) of /proc/<pid>/status.
+fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Descendants of `pid` (the worker's shell and its children): count and current VmRSS.
+fn children_rss_kib(pid: u32) -> (usize, u64) {
+    let mut parents: HashMap<u32, u32> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Some(ppid) = proc_status_kib(p, "PPid") {
+            parents.insert(p, ppid as u32);
+        }
+    }
+    let descends = |mut p: u32| {
+        while let Some(&pp) = parents.get(&p) {
+            if pp == pid {
+                return true;
+            }
+            if pp <= 1 {
+                return false;
+            }
+            p = pp;
+        }
+        false
+    };
+    let kids: Vec<u32> = parents.keys().copied().filter(|&p| descends(p)).collect();
+    let rss = kids
+        .iter()
+        .filter_map(|&p| proc_status_kib(p, "VmRSS"))
+        .sum();
+    (kids.len(), rss)
+}
+
+fn print_log_tail(path: &Path, label: &str) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(30);
+    println!("  {label} worker log (last {} lines):", lines.len() - from);
+    for line in &lines[from..] {
+        println!("    {line}");
+    }
+}
