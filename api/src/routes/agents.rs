@@ -227,13 +227,9 @@ async fn list(
         limit + 1,
     )
     .await?;
-    let next_page = if rows.len() as i64 > limit {
-        rows.truncate(limit as usize);
-        rows.last()
-            .map(|r| cursor::encode(&r.agent_created_at, &r.id))
-    } else {
-        None
-    };
+    let next_page = cursor::next_page(&mut rows, limit, |r| {
+        cursor::encode(&r.agent_created_at, &r.id)
+    });
     Ok(Json(Page {
         data: rows.iter().map(AgentRow::render).collect(),
         next_page,
@@ -270,13 +266,9 @@ async fn versions(
     }
     let mut rows =
         agents::versions(&mut *conn, &key.workspace_id, &agent, before, limit + 1).await?;
-    let next_page = if rows.len() as i64 > limit {
-        rows.truncate(limit as usize);
-        rows.last()
-            .map(|r| cursor::encode(&r.version_created_at, &r.version.to_string()))
-    } else {
-        None
-    };
+    let next_page = cursor::next_page(&mut rows, limit, |r| {
+        cursor::encode(&r.version_created_at, &r.version.to_string())
+    });
     Ok(Json(Page {
         data: rows.iter().map(AgentRow::render).collect(),
         next_page,

@@ -208,12 +208,7 @@ async fn list(
         limit + 1,
     )
     .await?;
-    let next_page = if rows.len() as i64 > limit {
-        rows.truncate(limit as usize);
-        rows.last().map(|r| cursor::encode(&r.created_at, &r.id))
-    } else {
-        None
-    };
+    let next_page = cursor::next_page(&mut rows, limit, |r| cursor::encode(&r.created_at, &r.id));
     Ok(Json(Page {
         data: rows.iter().map(EnvironmentRow::render).collect(),
         next_page,

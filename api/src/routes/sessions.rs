@@ -509,13 +509,9 @@ async fn list_events(
     };
     let mut rows =
         sessions::list_events(&mut *conn, &session.id, &filter, after, limit + 1).await?;
-    let next_page = if rows.len() as i64 > limit {
-        rows.truncate(limit as usize);
-        rows.last()
-            .map(|r| cursor::encode(&session.created_at, &r.seq.to_string()))
-    } else {
-        None
-    };
+    let next_page = cursor::next_page(&mut rows, limit, |r| {
+        cursor::encode(&session.created_at, &r.seq.to_string())
+    });
     let data: Vec<Value> = rows.into_iter().map(|r| r.body).collect();
     Ok(Json(json!({"data": data, "next_page": next_page})).into_response())
 }

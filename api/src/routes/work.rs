@@ -284,12 +284,7 @@ async fn list(
         .map(cursor::decode)
         .transpose()?;
     let mut rows = work::list(&mut *conn, &env, after, limit + 1).await?;
-    let next_page = if rows.len() as i64 > limit {
-        rows.truncate(limit as usize);
-        rows.last().map(|r| cursor::encode(&r.created_at, &r.id))
-    } else {
-        None
-    };
+    let next_page = cursor::next_page(&mut rows, limit, |r| cursor::encode(&r.created_at, &r.id));
     let now = time::now();
     let data = rows
         .iter()

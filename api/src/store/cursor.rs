@@ -27,9 +27,35 @@ pub fn decode(cursor: &str) -> ApiResult<(Timestamp, String)> {
     Ok((ts, id.to_string()))
 }
 
+/// Pages are read with one row more than `limit`: if it came back, there is a
+/// next page, whose cursor is made from the last row kept.
+pub fn next_page<R>(
+    rows: &mut Vec<R>,
+    limit: i64,
+    cursor_of: impl Fn(&R) -> String,
+) -> Option<String> {
+    if rows.len() as i64 <= limit {
+        return None;
+    }
+    rows.truncate(limit as usize);
+    rows.last().map(cursor_of)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn next_page_only_when_the_extra_row_came_back() {
+        let mut rows = vec![1, 2, 3];
+        assert_eq!(next_page(&mut rows, 3, |r| r.to_string()), None);
+        assert_eq!(rows, [1, 2, 3]);
+        assert_eq!(
+            next_page(&mut rows, 2, |r| r.to_string()).as_deref(),
+            Some("2")
+        );
+        assert_eq!(rows, [1, 2]);
+    }
 
     #[test]
     fn round_trips_and_rejects_garbage() {
