@@ -264,21 +264,20 @@ impl Client {
 
     /// All pages of the Environment's Work, newest first.
     pub async fn list_work(&self, environment_id: &str) -> Result<Vec<Work>> {
+        self.all_pages(&Self::work_path(environment_id, ""), 100)
+            .await
+    }
+
+    /// Follows `next_page` until the last page.
+    async fn all_pages<T: DeserializeOwned>(&self, path: &str, limit: u32) -> Result<Vec<T>> {
         let mut out = Vec::new();
         let mut page: Option<String> = None;
         loop {
-            let mut query = vec![("limit", "100".to_string())];
+            let mut query = vec![("limit", limit.to_string())];
             if let Some(p) = &page {
                 query.push(("page", p.clone()));
             }
-            let got: Page<Work> = self
-                .json(
-                    Method::GET,
-                    &Self::work_path(environment_id, ""),
-                    &query,
-                    None,
-                )
-                .await?;
+            let got: Page<T> = self.json(Method::GET, path, &query, None).await?;
             out.extend(got.data);
             match got.next_page.filter(|p| !p.is_empty()) {
                 Some(p) => page = Some(p),
@@ -424,27 +423,8 @@ impl Client {
 
     /// Every event of the Session, oldest first, following `next_page`.
     pub async fn all_events(&self, session_id: &str) -> Result<Vec<Value>> {
-        let mut out = Vec::new();
-        let mut page: Option<String> = None;
-        loop {
-            let mut query = vec![("limit", "1000".to_string())];
-            if let Some(p) = &page {
-                query.push(("page", p.clone()));
-            }
-            let got: Page<Value> = self
-                .json(
-                    Method::GET,
-                    &format!("/v1/sessions/{session_id}/events"),
-                    &query,
-                    None,
-                )
-                .await?;
-            out.extend(got.data);
-            match got.next_page.filter(|p| !p.is_empty()) {
-                Some(p) => page = Some(p),
-                None => return Ok(out),
-            }
-        }
+        self.all_pages(&format!("/v1/sessions/{session_id}/events"), 1000)
+            .await
     }
 
     /// Sends events; returns the stored (or, for a retried result, the original) events.
