@@ -72,9 +72,12 @@ impl LiveApi {
 
 /// A scripted stand-in for a Messages API endpoint: answers `POST /v1/messages`
 /// with the queued replies in order (status, body) and records every request.
+/// One queued reply: status, body and how long to wait before answering.
+type Scripted = (u16, serde_json::Value, std::time::Duration);
+
 pub struct ScriptedModel {
     pub base: String,
-    replies: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u16, serde_json::Value)>>>,
+    replies: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Scripted>>>,
     requests: std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, serde_json::Value)>>>,
     _shutdown: tokio::sync::oneshot::Sender<()>,
 }
@@ -83,10 +86,15 @@ impl ScriptedModel {
     pub async fn start(replies: Vec<(u16, serde_json::Value)>) -> ScriptedModel {
         use axum::extract::State;
         type Shared = (
-            std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u16, serde_json::Value)>>>,
+            std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Scripted>>>,
             std::sync::Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, serde_json::Value)>>>,
         );
-        let queue = std::sync::Arc::new(std::sync::Mutex::new(replies.into_iter().collect()));
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(
+            replies
+                .into_iter()
+                .map(|(status, body)| (status, body, std::time::Duration::ZERO))
+                .collect(),
+        ));
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let app = axum::Router::new()
             .route(
@@ -95,10 +103,12 @@ impl ScriptedModel {
                     |State((queue, seen)): State<Shared>, headers: axum::http::HeaderMap, body: axum::Json<serde_json::Value>| async move {
                         seen.lock().expect("requests lock").push((headers, body.0));
                         let next = queue.lock().expect("script lock").pop_front();
-                        let (status, reply) = next.unwrap_or((
+                        let (status, reply, delay) = next.unwrap_or((
                             500,
                             serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}),
+                            std::time::Duration::ZERO,
                         ));
+                        tokio::time::sleep(delay).await;
                         (axum::http::StatusCode::from_u16(status).expect("a status"), axum::Json(reply))
                     },
                 ),
@@ -130,10 +140,21 @@ impl ScriptedModel {
     }
 
     pub fn push_reply(&self, status: u16, body: serde_json::Value) {
+        self.push_delayed_reply(std::time::Duration::ZERO, status, body);
+    }
+
+    /// Queues a reply that is sent `delay` after its request arrives (the
+    /// request is recorded at once), to hold a model call in flight.
+    pub fn push_delayed_reply(
+        &self,
+        delay: std::time::Duration,
+        status: u16,
+        body: serde_json::Value,
+    ) {
         self.replies
             .lock()
             .expect("script lock")
-            .push_back((status, body));
+            .push_back((status, body, delay));
     }
 }
 

@@ -538,6 +538,17 @@ pub fn pending_calls(events: &[Value]) -> Vec<String> {
     open
 }
 
+/// Tool calls an interrupt abandoned while they were still open.
+fn abandoned_calls(events: &[Value]) -> Vec<String> {
+    let mut abandoned = Vec::new();
+    for (at, e) in events.iter().enumerate() {
+        if e["type"] == "user.interrupt" {
+            abandoned.extend(pending_calls(&events[..at]));
+        }
+    }
+    abandoned
+}
+
 pub fn next(events: &[Value]) -> Next {
     if events
         .iter()
@@ -545,15 +556,23 @@ pub fn next(events: &[Value]) -> Next {
     {
         return Next::Wait;
     }
+    // A late answer to a call an interrupt abandoned is kept in the history
+    // but is not input: it must not start a turn of its own.
+    let abandoned = abandoned_calls(events);
     let last_input = events.iter().rev().find(|e| {
-        matches!(
-            e["type"].as_str().unwrap_or(""),
-            "user.message"
-                | "user.interrupt"
-                | "user.tool_result"
-                | "user.custom_tool_result"
-                | "user.tool_confirmation"
-        )
+        let answers_abandoned = || {
+            e["tool_use_id"]
+                .as_str()
+                .or_else(|| e["custom_tool_use_id"].as_str())
+                .is_some_and(|call| abandoned.iter().any(|a| a == call))
+        };
+        match e["type"].as_str().unwrap_or("") {
+            "user.message" | "user.interrupt" => true,
+            "user.tool_result" | "user.custom_tool_result" | "user.tool_confirmation" => {
+                !answers_abandoned()
+            }
+            _ => false,
+        }
     });
     let last_idle = events
         .iter()
@@ -763,6 +782,20 @@ mod next_tests {
             json!({"stop_reason": {"type": "end_turn"}}),
         ));
         assert_eq!(next(&ended), Next::Wait);
+        // A late result for the abandoned call is not input: no new turn.
+        let late = ev(
+            "5",
+            "user.tool_result",
+            json!({"tool_use_id": "2", "content": [{"type": "text", "text": "late"}]}),
+        );
+        let mut with_late = ended.clone();
+        with_late.push(late.clone());
+        assert_eq!(next(&with_late), Next::Wait);
+        let mut late_before_the_idle = e.clone();
+        late_before_the_idle.push(late);
+        assert_eq!(next(&late_before_the_idle), Next::EndTurn);
+        with_late.push(msg("6"));
+        assert_eq!(next(&with_late), Next::CallModel { open_request: None });
         assert_eq!(
             next(&[msg("1"), ev("2", "session.status_terminated", json!({}))]),
             Next::Wait

@@ -16,19 +16,23 @@ Set ``MANGO_COMPAT_KEEP_DB=1`` to keep the database for a post-mortem.
 from __future__ import annotations
 
 import base64
+import contextlib
 import glob
+import http.server
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 import anthropic
@@ -228,7 +232,9 @@ class Mango:
                 self.proc.wait(timeout=10)
 
 
-def _start_server(binary: str, database_url: str, log_path: str) -> Mango:
+def _start_server(
+    binary: str, database_url: str, log_path: str, extra_env: Optional[Dict[str, str]] = None
+) -> Mango:
     last_error = ""
     for _attempt in range(3):  # a free port can be taken between probe and bind
         port = _free_port()
@@ -240,6 +246,7 @@ def _start_server(binary: str, database_url: str, log_path: str) -> Mango:
             MANGO_LISTEN_ADDR=f"127.0.0.1:{port}",
         )
         env.setdefault("MANGO_LOG", "info")
+        env.update(extra_env or {})
         proc = subprocess.Popen(
             [binary, "serve"], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -262,8 +269,9 @@ def _start_server(binary: str, database_url: str, log_path: str) -> Mango:
     raise RuntimeError(last_error)
 
 
-@pytest.fixture(scope="session")
-def mango() -> Any:
+@contextlib.contextmanager
+def _serve_fresh_database(extra_env: Optional[Dict[str, str]] = None) -> Iterator[Mango]:
+    """A `mango serve` (with `extra_env`) on a database of its own; both go away at the end."""
     admin_url = os.environ.get("DATABASE_URL")
     if not admin_url:
         pytest.exit(
@@ -291,7 +299,7 @@ def mango() -> Any:
     server: Optional[Mango] = None
     try:
         try:
-            server = _start_server(binary, database_url, log_path)
+            server = _start_server(binary, database_url, log_path, extra_env)
         except RuntimeError as e:
             pytest.fail(str(e), pytrace=False)
         server.workspace_key = server.create_key("compat-workspace")
@@ -310,6 +318,98 @@ def mango() -> Any:
                 pass
         else:
             print(f"compat: kept database {database_url} and server log {log_path}")
+
+
+@pytest.fixture(scope="session")
+def mango() -> Any:
+    """`mango serve` without a model endpoint: no agent loop runs."""
+    with _serve_fresh_database() as server:
+        yield server
+
+
+# --------------------------------------------------------------------- the agent loop
+
+
+class ScriptedModel:
+    """A stand-in Messages API endpoint: answers `POST /v1/messages` with queued
+    (status, body) replies in order and records every request (headers, JSON body)."""
+
+    def __init__(self) -> None:
+        self.replies: "queue.Queue[Tuple[int, Dict[str, Any]]]" = queue.Queue()
+        self.requests: List[Tuple[Dict[str, str], Dict[str, Any]]] = []
+        model = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+                model.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                if self.path != "/v1/messages":
+                    status, reply = 404, {"type": "error", "error": {"type": "not_found_error", "message": self.path}}
+                else:
+                    try:
+                        status, reply = model.replies.get(timeout=10)
+                    except queue.Empty:
+                        status, reply = 500, {
+                            "type": "error",
+                            "error": {"type": "api_error", "message": "script exhausted"},
+                        }
+                raw = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def push(self, body: Dict[str, Any], status: int = 200) -> None:
+        self.replies.put((status, body))
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def model_reply(content: List[Dict[str, Any]], stop_reason: str) -> Dict[str, Any]:
+    """A Messages API reply with `content` blocks and a stop reason."""
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:12]}",
+        "type": "message",
+        "role": "assistant",
+        "model": "scripted",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 7},
+    }
+
+
+MODEL_API_KEY = "sk-compat-model-key-stays-in-the-control-plane"
+
+
+@pytest.fixture(scope="session")
+def scripted_model() -> Any:
+    model = ScriptedModel()
+    try:
+        yield model
+    finally:
+        model.stop()
+
+
+@pytest.fixture(scope="session")
+def mango_with_model(scripted_model: ScriptedModel) -> Any:
+    """A SECOND `mango serve`, on a database of its own, running the agent loop
+    against `scripted_model` (MANGO_MODEL_BASE_URL / MANGO_MODEL_API_KEY).
+    Its own database keeps the loop away from the other tests' Sessions."""
+    extra = {"MANGO_MODEL_BASE_URL": scripted_model.base_url, "MANGO_MODEL_API_KEY": MODEL_API_KEY}
+    with _serve_fresh_database(extra) as server:
+        yield server
 
 
 # --------------------------------------------------------------------- credentials and clients
