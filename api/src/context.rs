@@ -21,6 +21,8 @@ pub struct Settings {
     pub model_base_url: Option<String>,
     /// Sent as `x-api-key` to the model endpoint only.
     pub model_api_key: Option<Secret>,
+    /// First back-off after an overloaded or failed model call (doubles per retry).
+    pub model_retry_backoff: std::time::Duration,
 }
 
 /// A value that never appears in Debug output or logs.
@@ -42,6 +44,7 @@ impl Default for Settings {
             stream_ping_interval: std::time::Duration::from_secs(10),
             model_base_url: None,
             model_api_key: None,
+            model_retry_backoff: std::time::Duration::from_secs(1),
         }
     }
 }

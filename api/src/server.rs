@@ -39,7 +39,9 @@ pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
     match &ctx.settings.model_base_url {
         Some(base) => {
             let key = ctx.settings.model_api_key.as_ref().map(|k| k.0.clone());
-            let model = std::sync::Arc::new(crate::agent_loop::ModelEndpoint::new(base, key));
+            let mut endpoint = crate::agent_loop::ModelEndpoint::new(base, key);
+            endpoint.backoff = ctx.settings.model_retry_backoff;
+            let model = std::sync::Arc::new(endpoint);
             tracing::info!(model_base_url = %base, "agent loop running");
             tasks.push(tokio::spawn(crate::agent_loop::run(ctx.clone(), model)));
         }

@@ -308,3 +308,61 @@ async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: s
     assert_eq!(model.requests().len(), 4);
     let _ = e;
 }
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_stays_usable(
+    db: sqlx::PgPool,
+) {
+    // A port nothing listens on: bind one, then free it.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let app = TestApp::start_with(
+        db,
+        Settings {
+            model_base_url: Some(closed),
+            model_retry_backoff: Duration::from_millis(20),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let s = session(&app, json!([])).await;
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "hi"}]}]),
+    )
+    .await;
+    let e = until(&app, &s, "retries exhausted", |e| {
+        idle_with(e, "retries_exhausted")
+    })
+    .await;
+    let errors: Vec<&Value> = e.iter().filter(|e| e["type"] == "session.error").collect();
+    assert_eq!(errors.len(), 4, "three retries, then the final error");
+    assert!(errors
+        .iter()
+        .all(|e| e["error"]["type"] == "model_request_failed_error"));
+    assert_eq!(
+        errors.last().unwrap()["error"]["retry_status"]["type"],
+        "exhausted"
+    );
+    assert!(errors[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unreachable"));
+    let end = e
+        .iter()
+        .find(|e| e["type"] == "span.model_request_end")
+        .unwrap();
+    assert_eq!(end["is_error"], true);
+    // The Session still takes input.
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "again"}]}]),
+    )
+    .await;
+}
