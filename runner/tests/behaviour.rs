@@ -6,6 +6,9 @@
 //! Workspace key; supervisor actions (Poll, Ack) with the Environment key.
 //! Every wait is bounded.
 
+mod common;
+use common::{session_with_work, text_of};
+
 use mango_api::admission::append_agent_events;
 use mango_api::fixtures::LiveApi;
 use mango_api::Settings;
@@ -43,43 +46,6 @@ fn operator(api: &LiveApi) -> Client {
 
 fn supervisor(api: &LiveApi) -> Client {
     Client::new(&api.base, &api.environment_key)
-}
-
-/// A Session whose first `user.message` made a Work item, polled and acked.
-async fn session_with_work(api: &LiveApi) -> (String, Work) {
-    let http = reqwest::Client::new();
-    let post = |path: &str, body: Value| {
-        http.post(format!("{}{path}", api.base))
-            .bearer_auth(&api.workspace_key)
-            .json(&body)
-            .send()
-    };
-    let agent: Value = post("/v1/agents", json!({"name": "a", "model": "m"}))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let session: Value = post(
-        "/v1/sessions",
-        json!({"agent": agent["id"], "environment_id": api.environment_id,
-               "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let work = supervisor(api)
-        .poll(&api.environment_id, None, None)
-        .await
-        .unwrap()
-        .expect("session work");
-    supervisor(api)
-        .ack(&api.environment_id, &work.id)
-        .await
-        .unwrap();
-    (session["id"].as_str().unwrap().to_string(), work)
 }
 
 /// The runner process; killed (and continued first, if stopped) on drop so a
@@ -253,16 +219,6 @@ async fn results_for(operator: &Client, session_id: &str, call_ids: &[String]) -
             .collect::<Option<Vec<Value>>>()
     })
     .await
-}
-
-fn text_of(result: &Value) -> String {
-    result["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|b| b["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// A pid written by a tool call, once the file is complete.

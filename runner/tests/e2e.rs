@@ -5,6 +5,9 @@
 //! secret on stdin (as a supervisor would); it runs both calls, the results
 //! flow back, the loop calls the model again and the turn ends.
 
+mod common;
+use common::text_of;
+
 use mango_api::context::Secret;
 use mango_api::fixtures::{model_reply, LiveApi, ScriptedModel};
 use mango_api::Settings;
@@ -28,16 +31,6 @@ fn idle_end_turn(events: &[Value]) -> bool {
     events.last().is_some_and(|e| {
         e["type"] == "session.status_idle" && e["stop_reason"]["type"] == "end_turn"
     })
-}
-
-fn text_of(event: &Value) -> String {
-    event["content"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]

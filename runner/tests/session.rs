@@ -1,6 +1,9 @@
 //! `mango-worker item` on Session Work: agent events appended in-process (as
 //! the agent loop does), the real runner executes them against a real api.
 
+mod common;
+use common::{session_with_work, text_of};
+
 use mango_api::admission::append_agent_events;
 use mango_api::fixtures::LiveApi;
 use mango_client::Client;
@@ -10,40 +13,6 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-async fn session_with_work(api: &LiveApi) -> (String, Work) {
-    let http = reqwest::Client::new();
-    let post = |path: &str, body: Value| {
-        http.post(format!("{}{path}", api.base))
-            .bearer_auth(&api.workspace_key)
-            .json(&body)
-            .send()
-    };
-    let agent: Value = post("/v1/agents", json!({"name": "a", "model": "m"}))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let session: Value = post(
-        "/v1/sessions",
-        json!({"agent": agent["id"], "environment_id": api.environment_id,
-               "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let supervisor = Client::new(&api.base, &api.environment_key);
-    let work = supervisor
-        .poll(&api.environment_id, None, None)
-        .await
-        .unwrap()
-        .expect("session work");
-    supervisor.ack(&api.environment_id, &work.id).await.unwrap();
-    (session["id"].as_str().unwrap().to_string(), work)
-}
 
 fn start_runner(api: &LiveApi, work: &Work, session_id: &str, workspace: &Path) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
@@ -88,16 +57,6 @@ async fn results_for(operator: &Client, session_id: &str, call_ids: &[&str]) -> 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn text_of(result: &Value) -> String {
-    result["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|b| b["text"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
