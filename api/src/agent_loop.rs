@@ -178,6 +178,11 @@ async fn step_until_waiting(
         let events = all_events(ctx, session_id).await?;
         match turn::next(&events) {
             Next::Wait => {
+                // Calls a worker could run, but no Work to run them (it stopped
+                // meanwhile): start a new activation.
+                if !turn::runnable_worker_calls(&events).is_empty() {
+                    ensure_activation(ctx, &session.environment_id, session_id).await?;
+                }
                 sqlx::query("UPDATE outbox SET processed_at = $3 WHERE session_id = $1 AND processed_at IS NULL AND last_seq <= $2")
                     .bind(session_id)
                     .bind(session.last_seq)
@@ -252,6 +257,28 @@ async fn step_until_waiting(
             }
         }
     }
+}
+
+async fn ensure_activation(
+    ctx: &ApiContext,
+    environment_id: &str,
+    session_id: &str,
+) -> Result<(), ApiError> {
+    let now = time::now();
+    let lease = Lease::new(Kind::Session, now, ctx.settings.default_ttl_seconds);
+    work::insert_activation(
+        &ctx.db,
+        NewWork {
+            id: &ids::new_id("work"),
+            environment_id,
+            session_id: Some(session_id),
+            metadata: &BTreeMap::new(),
+            lease: &lease,
+            created_at: now,
+        },
+    )
+    .await?;
+    Ok(())
 }
 
 fn session_error(failure: &ModelFailure, retry: &str) -> Value {

@@ -802,3 +802,49 @@ mod next_tests {
         );
     }
 }
+
+/// Pending calls a worker may run now (allowed, or asked and confirmed):
+/// while any exist the Session needs live Work.
+pub fn runnable_worker_calls(events: &[Value]) -> Vec<String> {
+    let pending = pending_calls(events);
+    let confirmed: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "user.tool_confirmation" && e["result"] == "allow")
+        .filter_map(|e| e["tool_use_id"].as_str())
+        .collect();
+    events
+        .iter()
+        .filter(|e| e["type"] == "agent.tool_use")
+        .filter_map(|e| {
+            let id = e["id"].as_str()?;
+            let allowed = match e["evaluated_permission"].as_str() {
+                None | Some("allow") => true,
+                Some("deny") => false,
+                Some(_) => confirmed.contains(&id),
+            };
+            (allowed && pending.iter().any(|p| p == id)).then(|| id.to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod runnable_tests {
+    use super::*;
+
+    #[test]
+    fn only_allowed_or_confirmed_unanswered_calls_need_a_worker() {
+        let e = vec![
+            json!({"id": "a", "type": "agent.tool_use", "name": "bash", "evaluated_permission": "allow"}),
+            json!({"id": "b", "type": "agent.tool_use", "name": "bash", "evaluated_permission": "ask"}),
+            json!({"id": "c", "type": "agent.tool_use", "name": "bash", "evaluated_permission": "ask"}),
+            json!({"id": "d", "type": "agent.custom_tool_use", "name": "lookup"}),
+            json!({"id": "e", "type": "agent.tool_use", "name": "bash"}),
+            json!({"id": "x", "type": "user.tool_confirmation", "tool_use_id": "c", "result": "allow"}),
+            json!({"id": "y", "type": "user.tool_result", "tool_use_id": "e"}),
+        ];
+        assert_eq!(
+            runnable_worker_calls(&e),
+            vec!["a".to_string(), "c".to_string()]
+        );
+    }
+}

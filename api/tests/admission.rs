@@ -195,7 +195,9 @@ async fn a_failed_outbox_write_rolls_back_the_events_and_the_work(db: sqlx::PgPo
     stop_work(&app, &first, true).await;
     let before = app.session_counts(&s).await;
     let seq_before = last_seq(&app, &s).await;
-    assert_eq!(before, (1, 1, 1));
+    // One event, one Work; two outbox rows: the admission's, and the stop's
+    // (a stopped Session Work asks the agent loop to look at the Session again).
+    assert_eq!(before, (1, 1, 2));
 
     sqlx::query(
         "CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -251,7 +253,7 @@ async fn a_failed_outbox_write_rolls_back_the_events_and_the_work(db: sqlx::PgPo
     app.send(&s, json!([user_message("works")]))
         .await
         .expect(200);
-    assert_eq!(app.session_counts(&s).await, (2, 2, 2));
+    assert_eq!(app.session_counts(&s).await, (2, 2, 3));
     assert_eq!(last_seq(&app, &s).await, seq_before + 1);
     assert_eq!(live_work(&app, &s).await.len(), 1);
 }

@@ -366,3 +366,54 @@ async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_st
     )
     .await;
 }
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![(
+        200,
+        model_reply(json!([{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "true"}}]), "tool_use"),
+    )])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    send(
+        &app,
+        &s,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]),
+    )
+    .await;
+    until(&app, &s, "requires_action", |e| {
+        idle_with(e, "requires_action")
+    })
+    .await;
+    let first = app.poll().await.expect("the Session's Work");
+    app.ack(&first.id).await.expect(200);
+    // The Work goes away before anyone ran the call.
+    app.call(
+        Method::POST,
+        &app.work_path(&format!("/{}/stop", first.id)),
+        Some(&app.ws_key),
+        Some(json!({"force": true})),
+    )
+    .await
+    .expect(204);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        if let Some(claim) = app.poll().await {
+            break claim;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new activation for the waiting call"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_ne!(second.id, first.id);
+    assert_eq!(second.work["data"], json!({"type": "session", "id": s}));
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "no extra model call: the turn is still waiting for the result"
+    );
+}
