@@ -55,6 +55,8 @@ impl ModelEndpoint {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
                 .timeout(Duration::from_secs(600))
+                // The key travels in x-api-key, which a redirect would carry to another host.
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .expect("a plain HTTP client builds"),
             base: base.trim_end_matches('/').to_string(),
@@ -328,6 +330,19 @@ async fn commit_reply(
     let mut session = sessions::lock(&mut tx, session_id)
         .await?
         .ok_or_else(|| ApiError::not_found("session vanished"))?;
+    // Terminated meanwhile (Fail) closes the log; and a reply already stored for
+    // this request (another step got there after a lost lock) is stored once only.
+    let already: Option<(i32,)> = sqlx::query_as(
+        "SELECT 1 FROM session_events WHERE session_id = $1 AND type = 'span.model_request_end'
+           AND body->>'model_request_start_id' = $2 LIMIT 1",
+    )
+    .bind(session_id)
+    .bind(start_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if session.status() == crate::session_rules::Status::Terminated || already.is_some() {
+        return Ok(());
+    }
     let now = time::now();
     let stored = sessions::append(&mut tx, &mut session, maps, false, now).await?;
     let needs_action: Vec<String> = stored

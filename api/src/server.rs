@@ -75,10 +75,6 @@ pub async fn sweep_once(ctx: &ApiContext) -> sqlx::Result<usize> {
         {
             moved += 1;
             crate::metrics::Metrics::count(&ctx.metrics.swept);
-            if let Some(session_id) = &row.session_id {
-                // A Session whose Work just stopped may have calls waiting for a worker.
-                crate::store::sessions::wake_agent_loop(&ctx.db, session_id, now).await?;
-            }
         }
     }
     work::forget_old_workers(&ctx.db, now).await?;

@@ -806,6 +806,12 @@ mod next_tests {
 /// Pending calls a worker may run now (allowed, or asked and confirmed):
 /// while any exist the Session needs live Work.
 pub fn runnable_worker_calls(events: &[Value]) -> Vec<String> {
+    if events
+        .iter()
+        .any(|e| e["type"] == "session.status_terminated")
+    {
+        return Vec::new();
+    }
     let pending = pending_calls(events);
     let confirmed: Vec<&str> = events
         .iter()
@@ -845,6 +851,12 @@ mod runnable_tests {
         assert_eq!(
             runnable_worker_calls(&e),
             vec!["a".to_string(), "c".to_string()]
+        );
+        let mut over = e.clone();
+        over.push(json!({"id": "z", "type": "session.status_terminated"}));
+        assert!(
+            runnable_worker_calls(&over).is_empty(),
+            "a terminated Session needs no worker"
         );
     }
 }

@@ -561,11 +561,11 @@ async fn stop(
                 .map_err(|StopError::AlreadyStopped| already_stopped(&id))
         }
     };
-    let (stopped, _, ()) = match principal {
+    match principal {
         Principal::Workspace(key) => {
             environment_of(&mut conn, &key, &env).await?;
             let row = work_of(&mut conn, &env, &id).await?;
-            transition(&mut conn, row, Fence::Operator, rule(false)).await?
+            transition(&mut conn, row, Fence::Operator, rule(false)).await?;
         }
         other => {
             let row = other.token_for(&env, &id, "Stop")?;
@@ -573,12 +573,8 @@ async fn stop(
                 .token_sha256
                 .clone()
                 .expect("a token principal has a token");
-            transition(&mut conn, row, Fence::Token(&digest), rule(true)).await?
+            transition(&mut conn, row, Fence::Token(&digest), rule(true)).await?;
         }
-    };
-    if let (Some(session_id), "stopped") = (&stopped.session_id, stopped.state.as_str()) {
-        // Its Session may still have calls waiting for a worker: let the loop look.
-        sessions::wake_agent_loop(&mut *conn, session_id, time::now()).await?;
     }
     Metrics::count(&ctx.metrics.stops);
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -469,18 +469,3 @@ pub async fn has_live_work(db: impl PgExecutor<'_>, session_id: &str) -> sqlx::R
             .await?;
     Ok(row.is_some())
 }
-
-/// Asks the agent loop to look at a Session again (e.g. its Work stopped while
-/// tool calls were still waiting for a worker).
-pub async fn wake_agent_loop(
-    db: impl PgExecutor<'_>,
-    session_id: &str,
-    now: Timestamp,
-) -> sqlx::Result<()> {
-    sqlx::query("INSERT INTO outbox (session_id, last_seq, created_at) SELECT id, last_seq, $2 FROM sessions WHERE id = $1")
-        .bind(session_id)
-        .bind(now)
-        .execute(db)
-        .await?;
-    Ok(())
-}
