@@ -5,6 +5,7 @@
 use mango_client::{Client, ClientError};
 use mango_protocol::{HeartbeatResponse, WorkState};
 use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Why the keeper stopped.
@@ -66,31 +67,50 @@ impl Lease {
     }
 
     /// Renews until `done` is cancelled or the lease ends; cancels `lost` when
-    /// the holder must stop working.
+    /// the holder must stop working. Each beat is bounded by the time left on
+    /// the lease, so a hung connection cannot outlive it; transient failures
+    /// are retried soon after, until the lease would run out.
     pub async fn keep(
         &self,
         mut last: HeartbeatResponse,
         done: CancellationToken,
         lost: CancellationToken,
     ) -> LeaseEnd {
+        let mut last_ok = Instant::now();
+        let mut pause = interval(last.ttl_seconds);
         let end = loop {
             tokio::select! {
                 _ = done.cancelled() => break LeaseEnd::Released,
-                _ = tokio::time::sleep(interval(last.ttl_seconds)) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
-            match self
-                .client
-                .heartbeat(
-                    &self.environment_id,
-                    &self.work_id,
-                    Some(&last.last_heartbeat),
-                    None,
-                )
-                .await
-            {
-                Ok(beat) if beat.state == WorkState::Active && beat.lease_extended => last = beat,
-                Ok(_) => break LeaseEnd::StopRequested,
-                Err(err) => break classify(err),
+            let ttl = Duration::from_secs(last.ttl_seconds.max(1) as u64);
+            let left = ttl
+                .saturating_sub(last_ok.elapsed())
+                .saturating_sub(LEASE_MARGIN);
+            if left.is_zero() {
+                break LeaseEnd::Unreachable(
+                    "no heartbeat was answered before the lease ran out".into(),
+                );
+            }
+            let beat = self.client.heartbeat(
+                &self.environment_id,
+                &self.work_id,
+                Some(&last.last_heartbeat),
+                None,
+            );
+            match tokio::time::timeout(left, beat).await {
+                Ok(Ok(beat)) if beat.state == WorkState::Active && beat.lease_extended => {
+                    last = beat;
+                    last_ok = Instant::now();
+                    pause = interval(last.ttl_seconds);
+                }
+                Ok(Ok(_)) => break LeaseEnd::StopRequested,
+                Ok(Err(err)) if err.is_transient() => {
+                    tracing::warn!(work_id = %self.work_id, error = %err, "heartbeat failed; retrying");
+                    pause = RETRY_PAUSE;
+                }
+                Ok(Err(err)) => break classify(err),
+                Err(_) => pause = Duration::ZERO,
             }
         };
         if end != LeaseEnd::Released {
@@ -100,6 +120,11 @@ impl Lease {
         end
     }
 }
+
+/// Stop working this long before the lease would run out: the server's clock decides.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// After a failed beat, try again this soon (the regular pause is TTL/2).
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
@@ -111,6 +136,50 @@ mod tests {
         assert_eq!(interval(3), Duration::from_millis(1500));
         assert_eq!(interval(1), Duration::from_secs(1));
         assert_eq!(interval(0), Duration::from_secs(1));
+    }
+
+    /// A server that accepts connections and never answers.
+    async fn black_hole() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        base
+    }
+
+    #[tokio::test]
+    async fn a_hung_heartbeat_never_outlives_the_lease() {
+        let lease = Lease {
+            client: Client::new(&black_hole().await, "mango_st_x"),
+            environment_id: "env_x".into(),
+            work_id: "work_x".into(),
+        };
+        let first = HeartbeatResponse {
+            kind: "work_heartbeat".into(),
+            last_heartbeat: "2026-01-01T00:00:00.000000Z".into(),
+            lease_extended: true,
+            state: WorkState::Active,
+            ttl_seconds: 3,
+        };
+        let (done, lost) = (CancellationToken::new(), CancellationToken::new());
+        let started = Instant::now();
+        let end = tokio::time::timeout(
+            Duration::from_secs(10),
+            lease.keep(first, done, lost.clone()),
+        )
+        .await
+        .expect("the keeper gives up by itself");
+        assert!(matches!(end, LeaseEnd::Unreachable(_)), "{end:?}");
+        assert!(lost.is_cancelled(), "running tools are cancelled");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "gave up before the 3 s lease ran out: {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -138,13 +138,16 @@ async fn run_item(id: Identity) -> anyhow::Result<ExitCode> {
         let (lease_end, session_end) = tokio::join!(keeper, work);
         tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, "session work ended");
         // Ordinary exits force-Stop; a lost or unreachable lease is left alone.
-        if lease_end.may_stop() {
+        let undelivered = matches!(session_end, session::SessionEnd::ResultUndelivered(_));
+        if lease_end.may_stop() && !undelivered {
             if let Err(err) = client.stop(&id.environment_id, &id.work_id, true).await {
                 tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
             }
         }
         return Ok(match session_end {
-            session::SessionEnd::Rejected(_) => ExitCode::from(4),
+            session::SessionEnd::Rejected(_) | session::SessionEnd::ResultUndelivered(_) => {
+                ExitCode::from(4)
+            }
             _ => ExitCode::SUCCESS,
         });
     }

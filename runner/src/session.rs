@@ -27,6 +27,10 @@ pub enum SessionEnd {
     LeaseEnded,
     /// The server refused this runner's credential or the Session for good.
     Rejected(String),
+    /// A tool result could not be delivered even after retries: the Session
+    /// would wait for it forever, so the lease is left to expire and Poll
+    /// hands the item to another worker, which runs the call again.
+    ResultUndelivered(String),
 }
 
 pub async fn run(
@@ -91,12 +95,14 @@ pub async fn run(
                 });
                 // Results are idempotent by call id, so the client's retries are safe.
                 if let Err(err) = client.send_events(session_id, vec![result]).await {
-                    if !err.is_transient()
-                        && matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404))
-                    {
+                    if err.is_transient() {
+                        return SessionEnd::ResultUndelivered(err.to_string());
+                    }
+                    if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404)) {
                         return SessionEnd::Rejected(err.to_string());
                     }
-                    tracing::warn!(session_id, call_id = %call.id, error = %err, "could not post the tool result");
+                    // Refused for good (e.g. the call was answered or denied meanwhile): carry on.
+                    tracing::warn!(session_id, call_id = %call.id, error = %err, "the tool result was refused");
                 }
             }
             idle_since = match (calls.is_idle_after_end_turn(), idle_since) {
