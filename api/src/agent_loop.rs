@@ -123,7 +123,15 @@ impl ModelEndpoint {
 
 /// Runs the loop until the process exits.
 pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
+    // Sessions advance side by side: one slow model call must not hold up the
+    // others. The advisory lock keeps each Session to one step at a time
+    // across replicas; `driving` avoids re-spawning one already in hand here.
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_SESSIONS));
+    let driving: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
     loop {
+        let notified = ctx.agent_wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
         match sqlx::query_as::<_, (String,)>(
             "SELECT DISTINCT session_id FROM outbox WHERE processed_at IS NULL LIMIT 100",
         )
@@ -132,16 +140,36 @@ pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
         {
             Ok(sessions) => {
                 for (session_id,) in sessions {
-                    if let Err(err) = drive(&ctx, &model, &session_id).await {
-                        tracing::warn!(session_id, error = %err.message, "agent loop step failed");
+                    if !driving
+                        .lock()
+                        .expect("driving lock")
+                        .insert(session_id.clone())
+                    {
+                        continue;
                     }
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (ctx, model, driving) = (ctx.clone(), model.clone(), driving.clone());
+                    tokio::spawn(async move {
+                        if let Err(err) = drive(&ctx, &model, &session_id).await {
+                            tracing::warn!(session_id, error = %err.message, "agent loop step failed");
+                        }
+                        driving.lock().expect("driving lock").remove(&session_id);
+                        drop(slot);
+                        // A step may have left more to do (new input arrived meanwhile).
+                        ctx.agent_wake.notify_waiters();
+                    });
                 }
             }
             Err(err) => tracing::warn!(error = %err, "agent loop could not read the outbox"),
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), ctx.agent_wake.notified()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
     }
 }
+
+/// Sessions one api process advances at once.
+const CONCURRENT_SESSIONS: usize = 32;
 
 /// Advances one Session as far as it can go without new input.
 pub async fn drive(

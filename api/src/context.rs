@@ -115,6 +115,11 @@ impl ApiContext {
             }
             if seen.len() > 10_000 {
                 seen.retain(|_, t| now.duration_since(*t) < std::time::Duration::from_secs(60));
+                if seen.len() > 10_000 {
+                    // A flood of distinct worker ids: forget them all; stats stay
+                    // right because the table, not this map, is what they read.
+                    seen.clear();
+                }
             }
             seen.insert(key.clone(), now);
         }

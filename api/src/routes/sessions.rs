@@ -28,6 +28,9 @@ use tokio::sync::broadcast;
 
 /// A live stream re-checks its sessions token this often (spec §2).
 const TOKEN_RECHECK: Duration = Duration::from_secs(1);
+/// Every this many rechecks a stream also reads the log itself, in case a
+/// notification was lost; the shared feed covers everything else.
+const SAFETY_READ_EVERY_TICKS: u64 = 5;
 const MAX_TITLE_CHARS: usize = 500;
 
 pub fn router() -> Router<ApiContext> {
@@ -588,6 +591,7 @@ async fn stream(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let mut recheck = tokio::time::interval(TOKEN_RECHECK);
+        let mut ticks: u64 = 0;
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let fed = tokio::select! {
@@ -597,6 +601,10 @@ async fn stream(
                         if !token_still_valid(&ctx, digest, &id).await {
                             break;
                         }
+                    }
+                    ticks += 1;
+                    if !ticks.is_multiple_of(SAFETY_READ_EVERY_TICKS) {
+                        continue;
                     }
                     // Safety net: anything a lost notification held back.
                     Err(broadcast::error::RecvError::Lagged(0))
