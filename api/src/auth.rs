@@ -103,6 +103,20 @@ pub async fn authenticate(
     })
 }
 
+/// The usual start of an operator endpoint: one pooled connection for the
+/// request, and the caller's Workspace key (anything else is refused).
+pub async fn operator(
+    ctx: &ApiContext,
+    headers: &HeaderMap,
+    what: &str,
+) -> ApiResult<(sqlx::pool::PoolConnection<sqlx::Postgres>, KeyRow)> {
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(ctx, &mut conn, headers)
+        .await?
+        .workspace_key(what)?;
+    Ok((conn, key))
+}
+
 /// The refusal for a credential used outside its scope: 403 when it is live,
 /// 401 when a sessions token is no longer valid at all.
 fn out_of_scope(principal: &Principal, what: &str) -> ApiError {

@@ -52,6 +52,17 @@ async fn send(app: &TestApp, session: &str, credential: &str, events: Value) -> 
     r.body
 }
 
+/// The operator sends one `user.message`.
+async fn say(app: &TestApp, session: &str, text: &str) {
+    send(
+        app,
+        session,
+        &app.ws_key,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": text}]}]),
+    )
+    .await;
+}
+
 async fn events(app: &TestApp, session: &str) -> Vec<Value> {
     let r = app
         .call(
@@ -106,13 +117,7 @@ async fn a_text_reply_ends_the_turn(db: sqlx::PgPool) {
     .await;
     let app = app_with_model(db, &model).await;
     let s = session(&app, json!([])).await;
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "hi"}]}]),
-    )
-    .await;
+    say(&app, &s, "hi").await;
     let e = until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
     assert_eq!(
         types(&e),
@@ -168,13 +173,7 @@ async fn tool_calls_wait_for_results_then_the_model_continues(db: sqlx::PgPool) 
     .await;
     let app = app_with_model(db, &model).await;
     let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]),
-    )
-    .await;
+    say(&app, &s, "go").await;
     let e = until(&app, &s, "requires_action", |e| {
         idle_with(e, "requires_action")
     })
@@ -250,13 +249,7 @@ async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: s
     .await;
     let app = app_with_model(db, &model).await;
     let s = session(&app, json!([])).await;
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "1"}]}]),
-    )
-    .await;
+    say(&app, &s, "1").await;
     let e = until(&app, &s, "retry then end of turn", |e| {
         idle_with(e, "end_turn")
     })
@@ -276,13 +269,7 @@ async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: s
     );
 
     // A permanent failure ends the turn with an error, and the next message works.
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "2"}]}]),
-    )
-    .await;
+    say(&app, &s, "2").await;
     let e = until(&app, &s, "a failed turn", |e| {
         idle_with(e, "retries_exhausted")
     })
@@ -294,13 +281,7 @@ async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: s
             .unwrap()["error"]["retry_status"]["type"],
         "terminal"
     );
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "3"}]}]),
-    )
-    .await;
+    say(&app, &s, "3").await;
     let e = until(&app, &s, "recovery", |e| {
         idle_with(e, "end_turn") && e.iter().any(|x| x["content"][0]["text"] == "back")
     })
@@ -328,13 +309,7 @@ async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_st
     )
     .await;
     let s = session(&app, json!([])).await;
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "hi"}]}]),
-    )
-    .await;
+    say(&app, &s, "hi").await;
     let e = until(&app, &s, "retries exhausted", |e| {
         idle_with(e, "retries_exhausted")
     })
@@ -358,13 +333,7 @@ async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_st
         .unwrap();
     assert_eq!(end["is_error"], true);
     // The Session still takes input.
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "again"}]}]),
-    )
-    .await;
+    say(&app, &s, "again").await;
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
@@ -376,13 +345,7 @@ async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::
     .await;
     let app = app_with_model(db, &model).await;
     let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
-    send(
-        &app,
-        &s,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]),
-    )
-    .await;
+    say(&app, &s, "go").await;
     until(&app, &s, "requires_action", |e| {
         idle_with(e, "requires_action")
     })

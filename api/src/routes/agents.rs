@@ -1,7 +1,7 @@
 //! `/v1/agents`: the SDK's Managed Agents `agent` surface. Every update writes
 //! a new immutable version; older versions stay readable with `?version=N`.
 
-use crate::auth::authenticate;
+use crate::auth::operator;
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{Body, Params, RawBody};
@@ -40,10 +40,7 @@ async fn create(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Creating an Agent")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Creating an Agent").await?;
     let body = Body::parse(&bytes, CREATE_FIELDS)?;
     no_multiagent(&body)?;
     let def = Definition {
@@ -83,10 +80,7 @@ async fn retrieve(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Reading an Agent")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Reading an Agent").await?;
     let params = Params::parse(query.as_deref());
     let version = params.int("version", 1, i32::MAX as i64)?.map(|v| v as i32);
     match agents::find(&mut *conn, &key.workspace_id, &agent, version).await? {
@@ -163,10 +157,7 @@ async fn update(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Updating an Agent")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Updating an Agent").await?;
     let body = Body::parse_optional(&bytes, UPDATE_FIELDS)?;
     no_multiagent(&body)?;
     let expected = body
@@ -203,10 +194,7 @@ async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Listing Agents")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Listing Agents").await?;
     let params = Params::parse(query.as_deref());
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let include_archived = params.bool("include_archived")?.unwrap_or(false);
@@ -243,10 +231,7 @@ async fn versions(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Listing an Agent's versions")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Listing an Agent's versions").await?;
     let params = Params::parse(query.as_deref());
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let before = match params.str("page").filter(|p| !p.is_empty()) {
@@ -281,10 +266,7 @@ async fn archive(
     Path(agent): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Archiving an Agent")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Archiving an Agent").await?;
     let row = agents::archive(&mut conn, &key.workspace_id, &agent, time::now())
         .await?
         .ok_or_else(|| not_found(&agent))?;

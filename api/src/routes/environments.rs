@@ -1,6 +1,6 @@
 //! `/v1/environments`: the SDK's Environment surface, `self_hosted` only.
 
-use crate::auth::authenticate;
+use crate::auth::operator;
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_len, Body, Params, RawBody};
@@ -91,10 +91,7 @@ async fn create(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Creating an Environment")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Creating an Environment").await?;
     let body = Body::parse(&bytes, FIELDS)?;
     let now = time::now();
     let row = EnvironmentRow {
@@ -110,7 +107,7 @@ async fn create(
         updated_at: now,
         archived_at: None,
     };
-    let saved = environments::insert(&ctx.db, &row).await?;
+    let saved = environments::insert(&mut *conn, &row).await?;
     Ok(Json(saved.render()).into_response())
 }
 
@@ -119,10 +116,7 @@ async fn retrieve(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Reading an Environment")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Reading an Environment").await?;
     let row = environments::find(&mut *conn, &key.workspace_id, &env)
         .await?
         .ok_or_else(|| not_found(&env))?;
@@ -135,10 +129,7 @@ async fn update(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Updating an Environment")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Updating an Environment").await?;
     let body = Body::parse_optional(&bytes, FIELDS)?;
     let mut row = environments::find(&mut *conn, &key.workspace_id, &env)
         .await?
@@ -177,7 +168,7 @@ async fn update(
         row.scope = s;
     }
     row.updated_at = time::now();
-    let saved = environments::update(&ctx.db, &row)
+    let saved = environments::update(&mut *conn, &row)
         .await?
         .ok_or_else(|| not_found(&env))?;
     Ok(Json(saved.render()).into_response())
@@ -188,10 +179,7 @@ async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Listing Environments")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Listing Environments").await?;
     let params = Params::parse(query.as_deref());
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let include_archived = params.bool("include_archived")?.unwrap_or(false);
@@ -201,7 +189,7 @@ async fn list(
         .map(cursor::decode)
         .transpose()?;
     let mut rows = environments::list(
-        &ctx.db,
+        &mut *conn,
         &key.workspace_id,
         include_archived,
         after,
@@ -221,11 +209,8 @@ async fn delete(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Deleting an Environment")?;
-    if !environments::delete(&ctx.db, &key.workspace_id, &env).await? {
+    let (mut conn, key) = operator(&ctx, &headers, "Deleting an Environment").await?;
+    if !environments::delete(&mut *conn, &key.workspace_id, &env).await? {
         return Err(not_found(&env));
     }
     Ok(Json(EnvironmentDeleted {
@@ -241,10 +226,7 @@ async fn archive(
     Path(env): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Archiving an Environment")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Archiving an Environment").await?;
     let mut row = environments::find(&mut *conn, &key.workspace_id, &env)
         .await?
         .ok_or_else(|| not_found(&env))?;
@@ -252,7 +234,7 @@ async fn archive(
         let now = time::now();
         row.archived_at = Some(now);
         row.updated_at = now;
-        row = environments::update(&ctx.db, &row)
+        row = environments::update(&mut *conn, &row)
             .await?
             .ok_or_else(|| not_found(&env))?;
     }

@@ -3,7 +3,7 @@
 //! Work reads that Session and sends only tool results; Environment keys get 403.
 
 use crate::admission;
-use crate::auth::{authenticate, Principal};
+use crate::auth::{authenticate, operator, Principal};
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::event_shapes;
@@ -112,10 +112,7 @@ async fn create(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Creating a Session")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Creating a Session").await?;
     let body = Body::parse(
         &bytes,
         &[
@@ -363,10 +360,7 @@ async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Listing Sessions")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Listing Sessions").await?;
     let params = Params::parse(query.as_deref());
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let ascending = match params.str("order") {
@@ -432,10 +426,7 @@ async fn archive(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Archiving a Session")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Archiving a Session").await?;
     sessions::find(&mut *conn, Some(&key.workspace_id), &id)
         .await?
         .ok_or_else(|| not_found(&id))?;
@@ -450,10 +441,7 @@ async fn delete(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Deleting a Session")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Deleting a Session").await?;
     if !sessions::delete(&mut *conn, &key.workspace_id, &id).await? {
         return Err(not_found(&id));
     }

@@ -2,7 +2,7 @@
 //! Each handler authenticates, checks the credential's scope, parses its input
 //! and applies one rule of [`crate::lease`] through [`transition`].
 
-use crate::auth::{authenticate, environment_key_for_lease, Principal};
+use crate::auth::{authenticate, environment_key_for_lease, operator, Principal};
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_len, Body, Params, RawBody};
@@ -167,10 +167,7 @@ async fn create(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Creating Work")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Creating Work").await?;
     let environment = environment_of(&mut conn, &key, &env).await?;
     let body = Body::parse(&bytes, &["data", "metadata"])?;
     let data = body.required("data")?;
@@ -218,10 +215,7 @@ async fn retrieve(
     Path((env, id)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Reading Work")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Reading Work").await?;
     environment_of(&mut conn, &key, &env).await?;
     Ok(render_now(&work_of(&mut conn, &env, &id).await?))
 }
@@ -233,10 +227,7 @@ async fn update(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Updating Work")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Updating Work").await?;
     environment_of(&mut conn, &key, &env).await?;
     let body = Body::parse(&bytes, &["metadata"])?;
     let patch = match body.get("metadata") {
@@ -271,10 +262,7 @@ async fn list(
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let mut conn = ctx.db.acquire().await?;
-    let key = authenticate(&ctx, &mut conn, &headers)
-        .await?
-        .workspace_key("Listing Work")?;
+    let (mut conn, key) = operator(&ctx, &headers, "Listing Work").await?;
     environment_of(&mut conn, &key, &env).await?;
     let params = Params::parse(query.as_deref());
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);

@@ -4,7 +4,7 @@ use crate::metadata;
 use mango_protocol::time::Timestamp;
 use mango_protocol::Environment;
 use serde_json::Value;
-use sqlx::{FromRow, PgExecutor, PgPool};
+use sqlx::{FromRow, PgExecutor};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, FromRow)]
@@ -40,7 +40,7 @@ impl EnvironmentRow {
 
 const COLUMNS: &str = "id, workspace_id, name, description, config, metadata, scope, created_at, updated_at, archived_at";
 
-pub async fn insert(db: &PgPool, row: &EnvironmentRow) -> sqlx::Result<EnvironmentRow> {
+pub async fn insert(db: impl PgExecutor<'_>, row: &EnvironmentRow) -> sqlx::Result<EnvironmentRow> {
     let sql = format!(
         "INSERT INTO environments ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING {COLUMNS}"
     );
@@ -74,7 +74,10 @@ pub async fn find(
 
 /// Writes the mutable fields; `FOR UPDATE` was not needed because the last
 /// writer wins field by field exactly as the SDK's update describes.
-pub async fn update(db: &PgPool, row: &EnvironmentRow) -> sqlx::Result<Option<EnvironmentRow>> {
+pub async fn update(
+    db: impl PgExecutor<'_>,
+    row: &EnvironmentRow,
+) -> sqlx::Result<Option<EnvironmentRow>> {
     let sql = format!(
         "UPDATE environments SET name = $3, description = $4, config = $5, metadata = $6, scope = $7,
              updated_at = $8, archived_at = $9
@@ -95,7 +98,7 @@ pub async fn update(db: &PgPool, row: &EnvironmentRow) -> sqlx::Result<Option<En
 }
 
 pub async fn list(
-    db: &PgPool,
+    db: impl PgExecutor<'_>,
     workspace_id: &str,
     include_archived: bool,
     after: Option<(Timestamp, String)>,
@@ -122,7 +125,7 @@ pub async fn list(
 }
 
 /// Deleting an Environment removes its Work and its Environment keys with it.
-pub async fn delete(db: &PgPool, workspace_id: &str, id: &str) -> sqlx::Result<bool> {
+pub async fn delete(db: impl PgExecutor<'_>, workspace_id: &str, id: &str) -> sqlx::Result<bool> {
     let done = sqlx::query("DELETE FROM environments WHERE id = $1 AND workspace_id = $2")
         .bind(id)
         .bind(workspace_id)
