@@ -1,5 +1,6 @@
 //! The agent loop against a scripted model endpoint, on PostgreSQL.
 mod common;
+use common::turns::{idle_with, say, session_with_tools, types, until};
 use common::TestApp;
 use mango_api::context::Secret;
 use mango_api::fixtures::{model_reply, ScriptedModel};
@@ -22,23 +23,6 @@ async fn app_with_model(db: sqlx::PgPool, model: &ScriptedModel) -> TestApp {
     .await
 }
 
-async fn session(app: &TestApp, tools: Value) -> String {
-    let agent = app
-        .call(Method::POST, "/v1/agents", Some(&app.ws_key), Some(json!({"name": "a", "model": "claude-scripted", "system": "be brief", "tools": tools})))
-        .await;
-    agent.expect(200);
-    let s = app
-        .call(
-            Method::POST,
-            "/v1/sessions",
-            Some(&app.ws_key),
-            Some(json!({"agent": agent.body["id"], "environment_id": app.env_id})),
-        )
-        .await;
-    s.expect(200);
-    s.body["id"].as_str().unwrap().to_string()
-}
-
 async fn send(app: &TestApp, session: &str, credential: &str, events: Value) -> Value {
     let r = app
         .call(
@@ -52,62 +36,6 @@ async fn send(app: &TestApp, session: &str, credential: &str, events: Value) -> 
     r.body
 }
 
-/// The operator sends one `user.message`.
-async fn say(app: &TestApp, session: &str, text: &str) {
-    send(
-        app,
-        session,
-        &app.ws_key,
-        json!([{"type": "user.message", "content": [{"type": "text", "text": text}]}]),
-    )
-    .await;
-}
-
-async fn events(app: &TestApp, session: &str) -> Vec<Value> {
-    let r = app
-        .call(
-            Method::GET,
-            &format!("/v1/sessions/{session}/events?limit=1000"),
-            Some(&app.ws_key),
-            None,
-        )
-        .await;
-    r.expect(200);
-    r.body["data"].as_array().unwrap().clone()
-}
-
-/// Waits until the Session's events satisfy `done`.
-async fn until(
-    app: &TestApp,
-    session: &str,
-    what: &str,
-    done: impl Fn(&[Value]) -> bool,
-) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let e = events(app, session).await;
-        if done(&e) {
-            return e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {:#?}",
-            e.iter().map(|e| &e["type"]).collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
-}
-
-fn idle_with(events: &[Value], reason: &str) -> bool {
-    events
-        .last()
-        .is_some_and(|e| e["type"] == "session.status_idle" && e["stop_reason"]["type"] == reason)
-}
-
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_text_reply_ends_the_turn(db: sqlx::PgPool) {
     let model = ScriptedModel::start(vec![(
@@ -116,7 +44,7 @@ async fn a_text_reply_ends_the_turn(db: sqlx::PgPool) {
     )])
     .await;
     let app = app_with_model(db, &model).await;
-    let s = session(&app, json!([])).await;
+    let s = session_with_tools(&app, json!([])).await;
     say(&app, &s, "hi").await;
     let e = until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
     assert_eq!(
@@ -172,7 +100,7 @@ async fn tool_calls_wait_for_results_then_the_model_continues(db: sqlx::PgPool) 
     ])
     .await;
     let app = app_with_model(db, &model).await;
-    let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    let s = session_with_tools(&app, json!([{"type": "agent_toolset_20260401"}])).await;
     say(&app, &s, "go").await;
     let e = until(&app, &s, "requires_action", |e| {
         idle_with(e, "requires_action")
@@ -248,7 +176,7 @@ async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: s
     ])
     .await;
     let app = app_with_model(db, &model).await;
-    let s = session(&app, json!([])).await;
+    let s = session_with_tools(&app, json!([])).await;
     say(&app, &s, "1").await;
     let e = until(&app, &s, "retry then end of turn", |e| {
         idle_with(e, "end_turn")
@@ -308,7 +236,7 @@ async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_st
         },
     )
     .await;
-    let s = session(&app, json!([])).await;
+    let s = session_with_tools(&app, json!([])).await;
     say(&app, &s, "hi").await;
     let e = until(&app, &s, "retries exhausted", |e| {
         idle_with(e, "retries_exhausted")
@@ -344,7 +272,7 @@ async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::
     )])
     .await;
     let app = app_with_model(db, &model).await;
-    let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    let s = session_with_tools(&app, json!([{"type": "agent_toolset_20260401"}])).await;
     say(&app, &s, "go").await;
     until(&app, &s, "requires_action", |e| {
         idle_with(e, "requires_action")

@@ -2,11 +2,11 @@
 //! call is resumed, a stored reply is never requested again, one replica
 //! drives a Session at a time, and an interrupt ends a turn that waits for tools.
 mod common;
+use common::turns::{idle_with, say, session_with_tools, types, until};
 use common::TestApp;
 use mango_api::context::Secret;
 use mango_api::fixtures::{model_reply, ScriptedModel};
 use mango_api::Settings;
-use reqwest::Method;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -47,55 +47,6 @@ async fn kill(app: TestApp) {
         .expect("the replica's connections close");
 }
 
-async fn session(app: &TestApp, tools: Value) -> String {
-    let agent = app
-        .call(
-            Method::POST,
-            "/v1/agents",
-            Some(&app.ws_key),
-            Some(json!({"name": "a", "model": "claude-scripted", "tools": tools})),
-        )
-        .await;
-    agent.expect(200);
-    let s = app
-        .call(
-            Method::POST,
-            "/v1/sessions",
-            Some(&app.ws_key),
-            Some(json!({"agent": agent.body["id"], "environment_id": app.env_id})),
-        )
-        .await;
-    s.expect(200);
-    s.body["id"].as_str().unwrap().to_string()
-}
-
-async fn say(app: &TestApp, session: &str, text: &str) {
-    app.send(session, json!([common::user_message(text)]))
-        .await
-        .expect(200);
-}
-
-async fn until(
-    app: &TestApp,
-    session: &str,
-    what: &str,
-    done: impl Fn(&[Value]) -> bool,
-) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let e = app.all_events(session).await;
-        if done(&e) {
-            return e;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {:#?}",
-            types(&e)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn until_requests(model: &ScriptedModel, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while model.requests().len() < n {
@@ -107,18 +58,8 @@ async fn until_requests(model: &ScriptedModel, n: usize) {
     }
 }
 
-fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
-}
-
 fn count(events: &[Value], kind: &str) -> usize {
     events.iter().filter(|e| e["type"] == kind).count()
-}
-
-fn idle_with(events: &[Value], reason: &str) -> bool {
-    events
-        .last()
-        .is_some_and(|e| e["type"] == "session.status_idle" && e["stop_reason"]["type"] == reason)
 }
 
 fn ended_turns(events: &[Value]) -> usize {
@@ -153,7 +94,7 @@ async fn a_restart_mid_call_resumes_the_open_request(db: PgPool) {
         model_reply(json!([{"type": "text", "text": "resumed"}]), "end_turn"),
     );
     let first = replica(&db, &model).await;
-    let s = session(&first, json!([])).await;
+    let s = session_with_tools(&first, json!([])).await;
     say(&first, &s, "hello").await;
     until_requests(&model, 1).await;
     let before = first.all_events(&s).await;
@@ -210,7 +151,7 @@ async fn a_stored_reply_is_never_requested_again(db: PgPool) {
     )])
     .await;
     let first = replica(&db, &model).await;
-    let s = session(&first, json!([])).await;
+    let s = session_with_tools(&first, json!([])).await;
     say(&first, &s, "hello").await;
     let e = until(&first, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
     kill(first).await;
@@ -248,7 +189,7 @@ async fn two_replicas_make_one_model_call_per_turn(db: PgPool) {
     }
     let a = replica(&db, &model).await;
     let b = replica(&db, &model).await;
-    let s = session(&a, json!([])).await;
+    let s = session_with_tools(&a, json!([])).await;
     for (turn, via) in [&a, &b, &a].into_iter().enumerate() {
         say(via, &s, &format!("turn {turn}")).await;
         until(via, &s, "end of turn", |e| ended_turns(e) == turn + 1).await;
@@ -281,7 +222,7 @@ async fn an_interrupt_ends_a_turn_waiting_for_tools_and_a_late_result_is_harmles
     ])
     .await;
     let app = replica(&db, &model).await;
-    let s = session(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    let s = session_with_tools(&app, json!([{"type": "agent_toolset_20260401"}])).await;
     say(&app, &s, "run something slow").await;
     let e = until(&app, &s, "requires_action", |e| {
         idle_with(e, "requires_action")

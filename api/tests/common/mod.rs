@@ -4,6 +4,8 @@
 //! `make test` provides one.
 #![allow(dead_code)]
 
+pub mod turns;
+
 use base64::Engine;
 use mango_api::store::keys;
 use mango_api::{server, ApiContext, Settings};
