@@ -8,14 +8,15 @@ use crate::lease::{Kind, Lease};
 use crate::session_rules::{
     self as rules, CallKind, ConfirmationDecision, Permission, ResultDecision, Sender,
 };
-use crate::store::sessions::{self, SessionRow};
+use crate::store::sessions::{self, LoggedEvent, SessionRow};
 use crate::store::work::{self, NewWork};
-use crate::{ids, Settings};
+use crate::{ids, ApiContext, Settings};
 use axum::http::StatusCode;
 use mango_protocol::time;
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 fn refusal(
     index: usize,
@@ -27,12 +28,19 @@ fn refusal(
     ApiError::new(status, kind, format!("events[{index}]: {message}")).code(code)
 }
 
+/// What an admission did: the answer for each event sent, and the events it
+/// appended, to publish to this process's streams once the transaction commits.
+pub struct Admission {
+    /// Per event sent, the event as stored; a retried tool result or
+    /// confirmation gets the event that already answered.
+    pub data: Vec<Arc<Value>>,
+    pub appended: Vec<LoggedEvent>,
+}
+
 /// Admits checked events from `sender` into `session`, which the caller has
 /// locked (with [`sessions::lock_for_admission`], which also told whether the
-/// Session `has_live_work`) in the transaction `db`. Returns the events as
-/// stored; a retried tool result or confirmation returns the event that
-/// already answered. Accepted events are written together with the outbox
-/// row in one statement.
+/// Session `has_live_work`) in the transaction `db`. Accepted events are
+/// written together with the outbox row in one statement.
 pub async fn admit(
     db: &mut PgConnection,
     session: &mut SessionRow,
@@ -40,7 +48,7 @@ pub async fn admit(
     sender: Sender,
     events: Vec<Map<String, Value>>,
     settings: &Settings,
-) -> ApiResult<Vec<Value>> {
+) -> ApiResult<Admission> {
     if session.archived_at.is_some() {
         return Err(ApiError::conflict(format!(
             "session {} is archived and takes no input",
@@ -52,6 +60,7 @@ pub async fn admit(
     // One clock reading for the whole admission: its events, Work and outbox row.
     let now = time::now();
     let mut out = Vec::with_capacity(events.len());
+    let mut appended: Vec<LoggedEvent> = Vec::with_capacity(events.len());
     let mut pending: Vec<Map<String, Value>> = Vec::new();
     let mut flushed = false;
     let mut runnable = false;
@@ -63,18 +72,20 @@ pub async fn admit(
             .to_string();
         rules::may_send(sender, &event_type, session.status())
             .map_err(|r| send_refusal(index, r, &session.id))?;
+        let mut event = event;
         if answers_a_call(&event_type) {
             // The check reads the call's state, so earlier events of this request must be in.
             if !pending.is_empty() {
-                out.extend(
-                    sessions::append(db, session, std::mem::take(&mut pending), false, now).await?,
-                );
+                let stored =
+                    sessions::append(db, session, std::mem::take(&mut pending), false, now).await?;
+                out.extend(stored.iter().map(|e| e.body.clone()));
+                appended.extend(stored);
                 flushed = true;
             }
             if let Some(existing) =
-                settle_against_tool_call(db, session, index, &event_type, &event).await?
+                settle_against_tool_call(db, session, index, &event_type, &mut event).await?
             {
-                out.push(existing);
+                out.push(Arc::new(existing));
                 continue;
             }
         }
@@ -82,7 +93,11 @@ pub async fn admit(
         pending.push(event);
     }
     if pending.is_empty() && !flushed {
-        return Ok(out); // only retries of answered calls: nothing changes
+        // Only retries of answered calls: nothing changes.
+        return Ok(Admission {
+            data: out,
+            appended,
+        });
     }
     if runnable && !has_live_work {
         let lease = Lease::new(Kind::Session, now, settings.default_ttl_seconds);
@@ -100,8 +115,13 @@ pub async fn admit(
         .await?;
     }
     // The last batch (possibly empty) carries the outbox row that wakes the agent loop.
-    out.extend(sessions::append(db, session, pending, true, now).await?);
-    Ok(out)
+    let stored = sessions::append(db, session, pending, true, now).await?;
+    out.extend(stored.iter().map(|e| e.body.clone()));
+    appended.extend(stored);
+    Ok(Admission {
+        data: out,
+        appended,
+    })
 }
 
 fn answers_a_call(event_type: &str) -> bool {
@@ -127,23 +147,33 @@ fn send_refusal(index: usize, why: rules::SendRefusal, session_id: &str) -> ApiE
     }
 }
 
-/// Checks a tool result or confirmation against the call it names (locked).
-/// `Some(event)` means it was already answered the same way: a retry to
-/// acknowledge without storing anything.
+/// Checks a tool result or confirmation against the call it names (the
+/// Session is locked). `Some(event)` means it was already answered the same
+/// way: a retry to acknowledge without storing anything. An accepted answer
+/// takes its call's thread.
 async fn settle_against_tool_call(
     db: &mut PgConnection,
     session: &SessionRow,
     index: usize,
     event_type: &str,
-    event: &Map<String, Value>,
+    event: &mut Map<String, Value>,
 ) -> ApiResult<Option<Value>> {
     let (key, kind) = match event_type {
         "user.tool_result" | "user.tool_confirmation" => ("tool_use_id", CallKind::Tool),
         "user.custom_tool_result" => ("custom_tool_use_id", CallKind::Custom),
         _ => return Ok(None),
     };
-    let call_id = event.get(key).and_then(Value::as_str).unwrap_or_default();
-    let call = sessions::tool_call(db, &session.id, call_id).await?;
+    let call_id = event
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let call_id = call_id.as_str();
+    let row = sessions::tool_call(db, &session.id, call_id).await?;
+    if let Some(thread) = row.as_ref().and_then(|r| r.thread_id.clone()) {
+        event.insert("session_thread_id".into(), Value::String(thread));
+    }
+    let call = row.map(|r| r.state());
     let unknown = || {
         refusal(
             index,
@@ -246,12 +276,36 @@ async fn earlier_confirmation(
 }
 
 /// Appends agent-loop events (`agent.*`, `session.*`, `span.*`) in-process: the
-/// path the agent loop and tests use; HTTP never exposes it.
+/// path the agent loop and tests use; HTTP never exposes it. This process's
+/// streams of the Session get them at once; other replicas' by notification.
+pub async fn emit(ctx: &ApiContext, session_id: &str, events: Vec<Value>) -> ApiResult<Vec<Value>> {
+    let stored = append_logged(&ctx.db, session_id, events).await?;
+    ctx.events.publish(session_id, &stored);
+    Ok(stored
+        .into_iter()
+        .map(|e| Arc::unwrap_or_clone(e.body))
+        .collect())
+}
+
+/// [`emit`] for a caller without an api in its process (tests, tools): the
+/// events reach streams through the database's notification.
 pub async fn append_agent_events(
     db: &sqlx::PgPool,
     session_id: &str,
     events: Vec<Value>,
 ) -> ApiResult<Vec<Value>> {
+    let stored = append_logged(db, session_id, events).await?;
+    Ok(stored
+        .into_iter()
+        .map(|e| Arc::unwrap_or_clone(e.body))
+        .collect())
+}
+
+async fn append_logged(
+    db: &sqlx::PgPool,
+    session_id: &str,
+    events: Vec<Value>,
+) -> ApiResult<Vec<LoggedEvent>> {
     let mut tx = db.begin().await?;
     let mut session = sessions::lock(&mut tx, session_id)
         .await?

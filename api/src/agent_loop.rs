@@ -6,7 +6,7 @@
 //!   events plus `span.model_request_end` commit together, so after a restart
 //!   an open request is resumed and a stored reply is never requested again.
 
-use crate::admission::append_agent_events;
+use crate::admission::emit;
 use crate::context::ApiContext;
 use crate::error::ApiError;
 use crate::ids;
@@ -222,8 +222,8 @@ async fn step_until_waiting(
                 return Ok(());
             }
             Next::EndTurn => {
-                append_agent_events(
-                    &ctx.db,
+                emit(
+                    ctx,
                     session_id,
                     vec![
                         json!({"type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
@@ -240,7 +240,7 @@ async fn step_until_waiting(
                             opening.push(json!({"type": "session.status_running"}));
                         }
                         opening.push(json!({"type": "span.model_request_start"}));
-                        let stored = append_agent_events(&ctx.db, session_id, opening).await?;
+                        let stored = emit(ctx, session_id, opening).await?;
                         stored
                             .last()
                             .and_then(|e| e["id"].as_str())
@@ -256,12 +256,7 @@ async fn step_until_waiting(
                     }
                     Err(failure) if failure.retryable && failures < MODEL_RETRIES => {
                         failures += 1;
-                        append_agent_events(
-                            &ctx.db,
-                            session_id,
-                            vec![session_error(&failure, "retrying")],
-                        )
-                        .await?;
+                        emit(ctx, session_id, vec![session_error(&failure, "retrying")]).await?;
                         tokio::time::sleep(model.backoff * 2u32.pow(failures - 1)).await;
                     }
                     Err(failure) => {
@@ -270,8 +265,7 @@ async fn step_until_waiting(
                         } else {
                             "terminal"
                         };
-                        append_agent_events(
-                            &ctx.db,
+                        emit(ctx,
                             session_id,
                             vec![
                                 json!({"type": "span.model_request_end", "model_request_start_id": start_id, "is_error": true,
@@ -372,9 +366,10 @@ async fn commit_reply(
         return Ok(());
     }
     let now = time::now();
-    let stored = sessions::append(&mut tx, &mut session, maps, false, now).await?;
+    let mut stored = sessions::append(&mut tx, &mut session, maps, false, now).await?;
     let needs_action: Vec<String> = stored
         .iter()
+        .map(|e| &e.body)
         .filter(|e| {
             (e["type"] == "agent.tool_use" && e["evaluated_permission"] != "deny")
                 || e["type"] == "agent.custom_tool_use"
@@ -383,7 +378,7 @@ async fn commit_reply(
         .collect();
     let worker_calls = stored
         .iter()
-        .any(|e| e["type"] == "agent.tool_use" && e["evaluated_permission"] != "deny");
+        .any(|e| e.body["type"] == "agent.tool_use" && e.body["evaluated_permission"] != "deny");
     if worker_calls {
         let lease = Lease::new(Kind::Session, now, ctx.settings.default_ttl_seconds);
         work::insert_activation(
@@ -400,7 +395,7 @@ async fn commit_reply(
         .await?;
     }
     let denied_only =
-        needs_action.is_empty() && stored.iter().any(|e| e["type"] == "agent.tool_use");
+        needs_action.is_empty() && stored.iter().any(|e| e.body["type"] == "agent.tool_use");
     if !denied_only {
         let stop = if needs_action.is_empty() {
             json!({"type": "end_turn"})
@@ -408,7 +403,7 @@ async fn commit_reply(
             json!({"type": "requires_action", "event_ids": needs_action})
         };
         let idle = json!({"type": "session.status_idle", "stop_reason": stop});
-        sessions::append(
+        let idle = sessions::append(
             &mut tx,
             &mut session,
             vec![idle.as_object().cloned().unwrap_or_default()],
@@ -416,7 +411,9 @@ async fn commit_reply(
             now,
         )
         .await?;
+        stored.extend(idle);
     }
     tx.commit().await?;
+    ctx.events.publish(session_id, &stored);
     Ok(())
 }

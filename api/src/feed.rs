@@ -1,50 +1,73 @@
-//! Live Session event feeds: one reader task per Session per api process
-//! fetches newly committed events once and broadcasts them to every open
-//! stream of that Session, so 50 readers cost one query per commit, not 50.
+//! Live Session event feeds: one feed per Session per api process broadcasts
+//! each committed event once to every open stream of that Session, so 50
+//! readers cost one delivery per commit, not 50 queries.
 //!
-//! The database stays the source of truth: a stream that sees a gap in the
-//! sequence numbers, lags behind the broadcast, or simply ticks (once a second)
-//! reads the missing events itself. A lost NOTIFY or a slow reader therefore
-//! costs latency, never an event.
+//! Events reach a feed two ways. The request (or agent-loop step) that
+//! admitted them publishes them in-process right after its commit: no
+//! notification round trip, no re-read. Commits of other replicas arrive as a
+//! NOTIFY carrying the Session's new `last_seq`, and the feed's reader task
+//! reads what it has not delivered yet.
+//!
+//! The database stays the source of truth: a publication that does not follow
+//! on from what the feed delivered wakes the reader instead, the reader re-reads
+//! once a second anyway, and a stream that sees a gap in the sequence numbers
+//! or lags behind the broadcast reads the missing events itself. A lost
+//! NOTIFY, a publication out of order or a slow reader therefore costs
+//! latency, never an event.
 
-use crate::store::sessions::{self, EventRow};
-use serde_json::Value;
+use crate::store::sessions::{self, LoggedEvent};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
 
-/// One committed event, shared by every stream that forwards it.
-#[derive(Clone, Debug)]
-pub struct FedEvent {
-    pub seq: i64,
-    pub body: Arc<Value>,
-}
-
-impl From<EventRow> for FedEvent {
-    fn from(row: EventRow) -> Self {
-        FedEvent {
-            seq: row.seq,
-            body: Arc::new(row.body),
-        }
-    }
-}
-
 struct Feed {
-    tx: broadcast::Sender<FedEvent>,
-    wake: Arc<Notify>,
+    tx: broadcast::Sender<LoggedEvent>,
+    wake: Notify,
+    /// The last sequence number broadcast; `None` until the reader has read
+    /// where the log stood when the feed started.
+    delivered: Mutex<Option<i64>>,
+}
+
+impl Feed {
+    /// Broadcasts the part of `events` (ascending, contiguous) that follows on
+    /// from what was delivered; `false` when they leave a gap.
+    fn deliver(&self, events: impl IntoIterator<Item = LoggedEvent>) -> bool {
+        let mut delivered = self.delivered.lock().expect("feed lock");
+        let Some(last) = delivered.as_mut() else {
+            return false;
+        };
+        for event in events {
+            if event.seq <= *last {
+                continue;
+            }
+            if event.seq != *last + 1 {
+                return false;
+            }
+            *last = event.seq;
+            let _ = self.tx.send(event);
+        }
+        true
+    }
+
+    fn has_delivered(&self, seq: i64) -> bool {
+        self.delivered
+            .lock()
+            .expect("feed lock")
+            .is_some_and(|last| last >= seq)
+    }
 }
 
 pub struct SessionFeeds {
     db: PgPool,
-    feeds: Mutex<HashMap<String, Feed>>,
+    feeds: Mutex<HashMap<String, Arc<Feed>>>,
 }
 
-/// Events per read, and the broadcast buffer (a reader further behind re-reads the database).
+/// Events per read, and the broadcast buffer (a stream further behind re-reads the database).
 const BATCH: i64 = 500;
 const BUFFER: usize = 1024;
-/// A feeder re-reads at least this often even without a notification.
+/// A feed's reader re-reads at least this often even without a notification.
 const IDLE_READ: Duration = Duration::from_secs(1);
 
 impl SessionFeeds {
@@ -55,65 +78,90 @@ impl SessionFeeds {
         }
     }
 
-    /// Subscribes to Session `id`'s feed, starting its reader when it is the first.
-    /// Subscribe before reading the starting sequence number, so nothing
-    /// committed in between is missed.
-    pub fn subscribe(self: &Arc<Self>, id: &str) -> broadcast::Receiver<FedEvent> {
+    /// Subscribes to Session `id`'s feed, starting it when this is the first
+    /// stream. Subscribe before reading the starting sequence number, so
+    /// nothing committed in between is missed.
+    pub fn subscribe(self: &Arc<Self>, id: &str) -> broadcast::Receiver<LoggedEvent> {
         let mut feeds = self.feeds.lock().expect("feeds lock");
         if let Some(feed) = feeds.get(id) {
             return feed.tx.subscribe();
         }
         let (tx, rx) = broadcast::channel(BUFFER);
-        let wake = Arc::new(Notify::new());
-        feeds.insert(
-            id.to_string(),
-            Feed {
-                tx: tx.clone(),
-                wake: wake.clone(),
-            },
-        );
-        tokio::spawn(self.clone().feed(id.to_string(), tx, wake));
+        let feed = Arc::new(Feed {
+            tx,
+            wake: Notify::new(),
+            delivered: Mutex::new(None),
+        });
+        feeds.insert(id.to_string(), feed.clone());
+        tokio::spawn(self.clone().read(id.to_string(), feed));
         rx
     }
 
-    /// A commit touched Session `id` (from LISTEN).
-    pub fn wake(&self, id: &str) {
-        if let Some(feed) = self.feeds.lock().expect("feeds lock").get(id) {
-            feed.wake.notify_one();
+    fn feed(&self, id: &str) -> Option<Arc<Feed>> {
+        self.feeds.lock().expect("feeds lock").get(id).cloned()
+    }
+
+    /// Events this process just committed to Session `id` (ascending,
+    /// contiguous, as `sessions::append` returns them). Call after the commit:
+    /// a stream must never see an event that could still roll back.
+    pub fn publish(&self, id: &str, events: &[LoggedEvent]) {
+        if events.is_empty() {
+            return;
+        }
+        if let Some(feed) = self.feed(id) {
+            if !feed.deliver(events.iter().cloned()) {
+                feed.wake.notify_one();
+            }
         }
     }
 
-    /// Notifications may have been lost (listener reconnect): everyone re-reads.
+    /// A commit somewhere made Session `id`'s log reach `last_seq` (from
+    /// LISTEN; `None` when the payload did not say).
+    pub fn wake(&self, id: &str, last_seq: Option<i64>) {
+        if let Some(feed) = self.feed(id) {
+            if !last_seq.is_some_and(|seq| feed.has_delivered(seq)) {
+                feed.wake.notify_one();
+            }
+        }
+    }
+
+    /// Notifications may have been lost (listener reconnect): every feed re-reads.
     pub fn wake_all(&self) {
         for feed in self.feeds.lock().expect("feeds lock").values() {
             feed.wake.notify_one();
         }
     }
 
-    async fn feed(self: Arc<Self>, id: String, tx: broadcast::Sender<FedEvent>, wake: Arc<Notify>) {
-        let mut last = match sessions::last_seq(&self.db, &id).await {
-            Ok(Some(seq)) => seq,
-            _ => 0,
+    /// The feed's reader: starts at the log's current end, then delivers what
+    /// publications did not, until the last stream has gone.
+    async fn read(self: Arc<Self>, id: String, feed: Arc<Feed>) {
+        let start = loop {
+            match sessions::last_seq(&self.db, &id).await {
+                Ok(seq) => break seq.unwrap_or(0),
+                Err(err) => {
+                    tracing::warn!(error = %err, session_id = %id, "event feed cannot start");
+                    tokio::time::sleep(IDLE_READ).await;
+                }
+            }
         };
+        *feed.delivered.lock().expect("feed lock") = Some(start);
         loop {
-            let _ = tokio::time::timeout(IDLE_READ, wake.notified()).await;
+            let _ = tokio::time::timeout(IDLE_READ, feed.wake.notified()).await;
             // Stop when the last stream has gone; checked under the map lock so
             // a stream subscribing right now either sees this feed or a new one.
             {
                 let mut feeds = self.feeds.lock().expect("feeds lock");
-                if tx.receiver_count() == 0 {
+                if feed.tx.receiver_count() == 0 {
                     feeds.remove(&id);
                     return;
                 }
             }
             loop {
-                match sessions::events_after(&self.db, &id, last, BATCH).await {
+                let from = feed.delivered.lock().expect("feed lock").unwrap_or(start);
+                match sessions::events_after(&self.db, &id, from, BATCH).await {
                     Ok(rows) => {
                         let full = rows.len() as i64 == BATCH;
-                        for row in rows {
-                            last = row.seq;
-                            let _ = tx.send(row.into());
-                        }
+                        feed.deliver(rows.into_iter().map(LoggedEvent::from));
                         if !full {
                             break;
                         }
@@ -125,5 +173,83 @@ impl SessionFeeds {
                 }
             }
         }
+    }
+}
+
+/// The `mango_events` payload: `"<session id> <last_seq>"` (a bare id from an
+/// older trigger is still understood).
+pub fn parse_notification(payload: &str) -> (&str, Option<i64>) {
+    match payload.rsplit_once(' ') {
+        Some((id, seq)) => (id, seq.parse().ok()),
+        None => (payload, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn feed_at(last: Option<i64>) -> (Feed, broadcast::Receiver<LoggedEvent>) {
+        let (tx, rx) = broadcast::channel(16);
+        let feed = Feed {
+            tx,
+            wake: Notify::new(),
+            delivered: Mutex::new(last),
+        };
+        (feed, rx)
+    }
+
+    fn events(seqs: std::ops::RangeInclusive<i64>) -> Vec<LoggedEvent> {
+        seqs.map(|seq| LoggedEvent {
+            seq,
+            body: Arc::new(json!({"seq": seq})),
+        })
+        .collect()
+    }
+
+    fn received(rx: &mut broadcast::Receiver<LoggedEvent>) -> Vec<i64> {
+        std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.seq)).collect()
+    }
+
+    #[test]
+    fn a_publication_that_follows_on_is_broadcast() {
+        let (feed, mut rx) = feed_at(Some(4));
+        assert!(feed.deliver(events(5..=7)));
+        assert_eq!(received(&mut rx), vec![5, 6, 7]);
+        assert!(feed.has_delivered(7));
+        assert!(!feed.has_delivered(8));
+    }
+
+    #[test]
+    fn what_was_delivered_already_is_skipped() {
+        let (feed, mut rx) = feed_at(Some(6));
+        assert!(feed.deliver(events(5..=8)));
+        assert_eq!(received(&mut rx), vec![7, 8]);
+        assert!(feed.deliver(events(3..=4)));
+        assert!(received(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn a_gap_is_not_broadcast_and_asks_for_a_read() {
+        let (feed, mut rx) = feed_at(Some(4));
+        assert!(!feed.deliver(events(6..=7)));
+        assert!(received(&mut rx).is_empty());
+        assert!(!feed.has_delivered(5));
+    }
+
+    #[test]
+    fn nothing_is_broadcast_before_the_feed_knows_where_the_log_stood() {
+        let (feed, mut rx) = feed_at(None);
+        assert!(!feed.deliver(events(1..=2)));
+        assert!(received(&mut rx).is_empty());
+        assert!(!feed.has_delivered(0));
+    }
+
+    #[test]
+    fn notification_payloads() {
+        assert_eq!(parse_notification("sesn_1 42"), ("sesn_1", Some(42)));
+        assert_eq!(parse_notification("sesn_1"), ("sesn_1", None));
+        assert_eq!(parse_notification("sesn_1 x"), ("sesn_1", None));
     }
 }

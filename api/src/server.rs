@@ -3,6 +3,7 @@
 use crate::context::ApiContext;
 use crate::store::work;
 use crate::{routes, wake};
+use axum::serve::ListenerExt;
 use mango_protocol::time;
 use std::future::Future;
 use tokio::net::TcpListener;
@@ -15,6 +16,14 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let background = start_background(&ctx);
     let app = routes::router(ctx);
+    // Event streams write each frame as it commits; with Nagle's algorithm a
+    // frame that follows an unacknowledged one would wait for the reader's
+    // delayed ACK (up to 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 pub const CHANNEL: &str = "mango_work";
-/// Payload: the Session id whose event log grew.
+/// Payload: `"<session id> <last_seq>"`, the Session whose event log grew and how far.
 pub const EVENTS_CHANNEL: &str = "mango_events";
 /// Payload: the Session id with new input for the agent loop.
 pub const OUTBOX_CHANNEL: &str = "mango_outbox";
@@ -76,7 +76,9 @@ pub async fn listen(
                     loop {
                         match listener.try_recv().await {
                             Ok(Some(n)) if n.channel() == EVENTS_CHANNEL => {
-                                events.wake(n.payload())
+                                let (session, last_seq) =
+                                    crate::feed::parse_notification(n.payload());
+                                events.wake(session, last_seq)
                             }
                             Ok(Some(n)) if n.channel() == OUTBOX_CHANNEL => agent.notify_waiters(),
                             Ok(Some(n)) => hub.wake(n.payload()),

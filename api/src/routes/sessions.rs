@@ -544,7 +544,7 @@ async fn send_events(
         sessions::lock_for_admission(&mut tx, &id, workspace.as_deref())
             .await?
             .ok_or_else(|| not_found(&id))?;
-    let data = admission::admit(
+    let admitted = admission::admit(
         &mut tx,
         &mut session,
         has_live_work,
@@ -554,7 +554,8 @@ async fn send_events(
     )
     .await?;
     tx.commit().await?;
-    Ok(Json(json!({ "data": data })).into_response())
+    ctx.events.publish(&id, &admitted.appended);
+    Ok(Json(json!({ "data": admitted.data })).into_response())
 }
 
 /// SSE: every frame carries `event:`; `event: ping` keeps it alive. Starts
@@ -645,7 +646,7 @@ async fn catch_up(
     ctx: &ApiContext,
     session_id: &str,
     seq: i64,
-) -> Option<Vec<crate::feed::FedEvent>> {
+) -> Option<Vec<sessions::LoggedEvent>> {
     match sessions::events_after(&ctx.db, session_id, seq, 1000).await {
         Ok(rows) => Some(rows.into_iter().map(Into::into).collect()),
         Err(err) => {

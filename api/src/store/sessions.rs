@@ -7,6 +7,7 @@ use crate::session_rules::{CallKind, Permission, Status, ToolCall};
 use mango_protocol::time::{self, Timestamp};
 use serde_json::{json, Map, Value};
 use sqlx::{FromRow, PgConnection, PgExecutor};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, FromRow)]
 pub struct SessionRow {
@@ -221,22 +222,70 @@ pub struct EventRow {
     pub body: Value,
 }
 
+/// An event in the log with its sequence number; the body is shared by the
+/// admission's response and every stream that forwards it.
+#[derive(Debug, Clone)]
+pub struct LoggedEvent {
+    pub seq: i64,
+    pub body: Arc<Value>,
+}
+
+impl From<EventRow> for LoggedEvent {
+    fn from(row: EventRow) -> Self {
+        LoggedEvent {
+            seq: row.seq,
+            body: Arc::new(row.body),
+        }
+    }
+}
+
 /// Appends events to a Session locked by [`lock`] in this transaction:
 /// assigns ids, `processed_at` and sequence numbers, records tool calls that
 /// agent events open and results and confirmations that close them, and
 /// moves the status projection. With `wake_agent_loop`, also writes the
-/// outbox row. The events, the projection and the outbox row go in one
-/// statement: the Session lock is held for as few round trips as possible.
+/// outbox row. All of it is one statement: the Session lock is held for as
+/// few round trips as possible.
 pub async fn append(
     db: &mut PgConnection,
     session: &mut SessionRow,
     events: Vec<Map<String, Value>>,
     wake_agent_loop: bool,
     now: Timestamp,
-) -> sqlx::Result<Vec<Value>> {
+) -> sqlx::Result<Vec<LoggedEvent>> {
+    let id = session.id.clone();
+    append_if_unchanged(db, session, events, wake_agent_loop, now, None)
+        .await?
+        .ok_or_else(|| {
+            // The caller holds the row lock, so only a bug gets here.
+            sqlx::Error::Protocol(format!("session {id} changed under its row lock"))
+        })
+}
+
+/// The Work whose claim a write relied on: it goes through only if the row
+/// still has this version (nothing about the claim changed since it was read).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimFence<'a> {
+    pub work_id: &'a str,
+    pub row_version: i64,
+}
+
+/// [`append`] without the row lock: the statement writes only if the Session
+/// row is as `session` shows it (same `last_seq`, same archival) and, with
+/// `claim`, the Work row is unchanged too; `None` when either moved on. A
+/// caller that decided from an unlocked read is fenced on exactly what it read.
+pub async fn append_if_unchanged(
+    db: &mut PgConnection,
+    session: &mut SessionRow,
+    events: Vec<Map<String, Value>>,
+    wake_agent_loop: bool,
+    now: Timestamp,
+    claim: Option<ClaimFence<'_>>,
+) -> sqlx::Result<Option<Vec<LoggedEvent>>> {
+    let seen_last_seq = session.last_seq;
+    let mut last_seq = session.last_seq;
     let mut status = session.status();
-    let (mut seqs, mut ids_, mut types, mut bodies) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut rows = EventColumns::default();
+    let mut calls = ToolCallWrites::default();
     for mut event in events {
         let event_type = event
             .get("type")
@@ -246,134 +295,243 @@ pub async fn append(
         let id = ids::new_id("sevt");
         event.insert("id".into(), Value::String(id.clone()));
         event.insert("processed_at".into(), Value::String(time::format(&now)));
-        record_tool_effects(db, &session.id, &id, &event_type, &mut event).await?;
-        session.last_seq += 1;
+        calls.record(&id, &event_type, &event);
+        last_seq += 1;
         status = crate::session_rules::status_after(status, &event_type);
-        seqs.push(session.last_seq);
-        ids_.push(id);
-        types.push(event_type);
-        bodies.push(Value::Object(event));
+        rows.seqs.push(last_seq);
+        rows.ids.push(id);
+        rows.types.push(event_type);
+        rows.bodies.push(Value::Object(event));
     }
-    session.status = status.as_str().to_string();
-    session.updated_at = now;
-    sqlx::query(
-        "WITH events AS (
+    let done = sqlx::query(
+        "WITH fence AS (
+             UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
+             WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
+               AND ($12::text IS NULL
+                    OR EXISTS (SELECT 1 FROM work WHERE id = $12 AND row_version = $13 FOR SHARE))
+             RETURNING id
+         ),
+         events AS (
              INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
-             SELECT $1, e.seq, e.id, e.type, $5, e.body
-             FROM UNNEST($2::bigint[], $3::text[], $4::text[], $6::jsonb[]) AS e(seq, id, type, body)
+             SELECT fence.id, e.seq, e.id, e.type, $5, e.body
+             FROM fence, UNNEST($2::bigint[], $3::text[], $4::text[], $6::jsonb[]) AS e(seq, id, type, body)
+         ),
+         opened AS (
+             INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
+             SELECT fence.id, c.id, c.kind, c.name, c.thread_id, c.permission
+             FROM fence, UNNEST($14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+                  AS c(id, kind, name, thread_id, permission)
+         ),
+         answered AS (
+             UPDATE session_tool_calls t SET answered_by = a.event_id
+             FROM fence, UNNEST($19::text[], $20::text[]) AS a(call_id, event_id)
+             WHERE t.session_id = fence.id AND t.id = a.call_id
+         ),
+         confirmed AS (
+             UPDATE session_tool_calls t SET confirmation = c.result
+             FROM fence, UNNEST($21::text[], $22::text[]) AS c(call_id, result)
+             WHERE t.session_id = fence.id AND t.id = c.call_id
          ),
          outbox AS (
-             INSERT INTO outbox (session_id, last_seq, created_at) SELECT $1, $7, $5 WHERE $9
+             INSERT INTO outbox (session_id, last_seq, created_at) SELECT fence.id, $7, $5 FROM fence WHERE $9
          )
-         UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5 WHERE id = $1",
+         SELECT count(*) FROM fence",
     )
     .bind(&session.id)
-    .bind(&seqs)
-    .bind(&ids_)
-    .bind(&types)
+    .bind(&rows.seqs)
+    .bind(&rows.ids)
+    .bind(&rows.types)
     .bind(now)
-    .bind(&bodies)
-    .bind(session.last_seq)
-    .bind(&session.status)
+    .bind(&rows.bodies)
+    .bind(last_seq)
+    .bind(status.as_str())
     .bind(wake_agent_loop)
-    .execute(&mut *db)
+    .bind(seen_last_seq)
+    .bind(session.archived_at)
+    .bind(claim.map(|c| c.work_id))
+    .bind(claim.map(|c| c.row_version))
+    .bind(&calls.opened_ids)
+    .bind(&calls.opened_kinds)
+    .bind(&calls.opened_names)
+    .bind(&calls.opened_threads)
+    .bind(&calls.opened_permissions)
+    .bind(&calls.answered_calls)
+    .bind(&calls.answered_by)
+    .bind(&calls.confirmed_calls)
+    .bind(&calls.confirmations)
+    .fetch_one(&mut *db)
     .await?;
-    Ok(bodies)
-}
-
-/// Tool-call bookkeeping for one event being appended. Results and
-/// confirmations inherit the call's thread, so the server routes them (the
-/// SDK sends no thread id).
-async fn record_tool_effects(
-    db: &mut PgConnection,
-    session_id: &str,
-    event_id: &str,
-    event_type: &str,
-    event: &mut Map<String, Value>,
-) -> sqlx::Result<()> {
-    let str_field =
-        |e: &Map<String, Value>, k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
-    match event_type {
-        "agent.tool_use" | "agent.custom_tool_use" => {
-            let (kind, permission) = if event_type == "agent.tool_use" {
-                (
-                    "tool",
-                    Permission::from_event(
-                        event.get("evaluated_permission").and_then(Value::as_str),
-                    ),
-                )
-            } else {
-                ("custom", Permission::Allow)
-            };
-            sqlx::query(
-                "INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission) VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(session_id)
-            .bind(event_id)
-            .bind(kind)
-            .bind(str_field(event, "name").unwrap_or_default())
-            .bind(str_field(event, "session_thread_id"))
-            .bind(permission.as_str())
-            .execute(&mut *db)
-            .await?;
-        }
-        "user.tool_result" | "user.custom_tool_result" | "user.tool_confirmation" => {
-            let key = if event_type == "user.custom_tool_result" {
-                "custom_tool_use_id"
-            } else {
-                "tool_use_id"
-            };
-            let call_id = str_field(event, key).unwrap_or_default();
-            let thread: Option<(Option<String>,)> = if event_type == "user.tool_confirmation" {
-                sqlx::query_as("UPDATE session_tool_calls SET confirmation = $3 WHERE session_id = $1 AND id = $2 RETURNING thread_id")
-                    .bind(session_id)
-                    .bind(&call_id)
-                    .bind(str_field(event, "result"))
-                    .fetch_optional(&mut *db)
-                    .await?
-            } else {
-                sqlx::query_as("UPDATE session_tool_calls SET answered_by = $3 WHERE session_id = $1 AND id = $2 RETURNING thread_id")
-                    .bind(session_id)
-                    .bind(&call_id)
-                    .bind(event_id)
-                    .fetch_optional(&mut *db)
-                    .await?
-            };
-            if let Some((Some(thread),)) = thread {
-                event.insert("session_thread_id".into(), Value::String(thread));
-            }
-        }
-        _ => {}
+    let (written,): (i64,) = sqlx::FromRow::from_row(&done)?;
+    if written == 0 {
+        return Ok(None);
     }
-    Ok(())
+    session.last_seq = last_seq;
+    session.status = status.as_str().to_string();
+    session.updated_at = now;
+    Ok(Some(
+        rows.seqs
+            .into_iter()
+            .zip(rows.bodies)
+            .map(|(seq, body)| LoggedEvent {
+                seq,
+                body: Arc::new(body),
+            })
+            .collect(),
+    ))
 }
 
-/// A tool call of the Session, locked for the rest of the transaction.
-pub async fn tool_call(
-    db: &mut PgConnection,
-    session_id: &str,
-    id: &str,
-) -> sqlx::Result<Option<ToolCall>> {
-    let row: Option<(String, String, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT kind, permission, confirmation, answered_by FROM session_tool_calls
-         WHERE session_id = $1 AND id = $2 FOR UPDATE",
-    )
-    .bind(session_id)
-    .bind(id)
-    .fetch_optional(db)
-    .await?;
-    Ok(
-        row.map(|(kind, permission, confirmation, answered_by)| ToolCall {
-            kind: if kind == "custom" {
+#[derive(Default)]
+struct EventColumns {
+    seqs: Vec<i64>,
+    ids: Vec<String>,
+    types: Vec<String>,
+    bodies: Vec<Value>,
+}
+
+/// Tool-call bookkeeping of the events being appended, as columns: calls that
+/// agent events open, and the results and confirmations that close them.
+/// Results and confirmations carry their call's thread already (admission
+/// copies it from the call), so the server routes them without the SDK
+/// sending a thread id.
+#[derive(Default)]
+struct ToolCallWrites {
+    opened_ids: Vec<String>,
+    opened_kinds: Vec<String>,
+    opened_names: Vec<String>,
+    opened_threads: Vec<Option<String>>,
+    opened_permissions: Vec<String>,
+    answered_calls: Vec<String>,
+    answered_by: Vec<String>,
+    confirmed_calls: Vec<String>,
+    confirmations: Vec<Option<String>>,
+}
+
+impl ToolCallWrites {
+    fn record(&mut self, event_id: &str, event_type: &str, event: &Map<String, Value>) {
+        let field = |k: &str| event.get(k).and_then(Value::as_str).map(str::to_string);
+        match event_type {
+            "agent.tool_use" | "agent.custom_tool_use" => {
+                let (kind, permission) = if event_type == "agent.tool_use" {
+                    (
+                        "tool",
+                        Permission::from_event(
+                            event.get("evaluated_permission").and_then(Value::as_str),
+                        ),
+                    )
+                } else {
+                    ("custom", Permission::Allow)
+                };
+                self.opened_ids.push(event_id.to_string());
+                self.opened_kinds.push(kind.to_string());
+                self.opened_names.push(field("name").unwrap_or_default());
+                self.opened_threads.push(field("session_thread_id"));
+                self.opened_permissions
+                    .push(permission.as_str().to_string());
+            }
+            "user.tool_result" | "user.custom_tool_result" => {
+                let key = if event_type == "user.custom_tool_result" {
+                    "custom_tool_use_id"
+                } else {
+                    "tool_use_id"
+                };
+                self.answered_calls.push(field(key).unwrap_or_default());
+                self.answered_by.push(event_id.to_string());
+            }
+            "user.tool_confirmation" => {
+                self.confirmed_calls
+                    .push(field("tool_use_id").unwrap_or_default());
+                self.confirmations.push(field("result"));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A tool call's state, and the thread it was made in.
+#[derive(Debug, Clone, FromRow)]
+pub struct CallRow {
+    kind: String,
+    permission: String,
+    confirmation: Option<String>,
+    answered_by: Option<String>,
+    pub thread_id: Option<String>,
+}
+
+impl CallRow {
+    pub fn state(&self) -> ToolCall {
+        ToolCall {
+            kind: if self.kind == "custom" {
                 CallKind::Custom
             } else {
                 CallKind::Tool
             },
-            permission: Permission::parse(&permission).unwrap_or(Permission::Ask),
-            confirmation: confirmation.as_deref().and_then(Permission::parse),
-            answered_by,
-        }),
+            permission: Permission::parse(&self.permission).unwrap_or(Permission::Ask),
+            confirmation: self.confirmation.as_deref().and_then(Permission::parse),
+            answered_by: self.answered_by.clone(),
+        }
+    }
+}
+
+/// A tool call of the Session (whose row the caller has locked).
+pub async fn tool_call(
+    db: &mut PgConnection,
+    session_id: &str,
+    id: &str,
+) -> sqlx::Result<Option<CallRow>> {
+    sqlx::query_as(
+        "SELECT kind, permission, confirmation, answered_by, thread_id FROM session_tool_calls
+         WHERE session_id = $1 AND id = $2",
     )
+    .bind(session_id)
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
+#[derive(FromRow)]
+struct SessionWithCall {
+    #[sqlx(flatten)]
+    session: SessionRow,
+    call_kind: Option<String>,
+    call_permission: Option<String>,
+    call_confirmation: Option<String>,
+    call_answered_by: Option<String>,
+    call_thread_id: Option<String>,
+}
+
+/// The Session and one of its tool calls, read without a lock (see
+/// [`append_if_unchanged`] for how a write is fenced on what this saw).
+pub async fn peek_with_call(
+    db: impl PgExecutor<'_>,
+    session_id: &str,
+    call_id: &str,
+) -> sqlx::Result<Option<(SessionRow, Option<CallRow>)>> {
+    let sql = format!(
+        "SELECT s.{}, c.kind AS call_kind, c.permission AS call_permission,
+                c.confirmation AS call_confirmation, c.answered_by AS call_answered_by,
+                c.thread_id AS call_thread_id
+         FROM sessions s LEFT JOIN session_tool_calls c ON c.session_id = s.id AND c.id = $2
+         WHERE s.id = $1",
+        COLUMNS.replace(", ", ", s.")
+    );
+    let row: Option<SessionWithCall> = sqlx::query_as(&sql)
+        .bind(session_id)
+        .bind(call_id)
+        .fetch_optional(db)
+        .await?;
+    Ok(row.map(|r| {
+        let call = match (r.call_kind, r.call_permission) {
+            (Some(kind), Some(permission)) => Some(CallRow {
+                kind,
+                permission,
+                confirmation: r.call_confirmation,
+                answered_by: r.call_answered_by,
+                thread_id: r.call_thread_id,
+            }),
+            _ => None,
+        };
+        (r.session, call)
+    }))
 }
 
 pub async fn event_by_id(

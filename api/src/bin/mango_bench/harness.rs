@@ -25,6 +25,8 @@ pub struct Bench {
     pub db_name: String,
     /// The api's own pool; the bench's direct SQL (seeding, the ceiling) uses it too.
     pub pool: PgPool,
+    /// The in-process api's context: the agent loop's append path, and its event feeds.
+    pub ctx: ApiContext,
     pub base: String,
     pub env_id: String,
     pub env_key_id: String,
@@ -132,7 +134,7 @@ impl Bench {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(server::serve(ctx, listener, async {
+        let server = tokio::spawn(server::serve(ctx.clone(), listener, async {
             let _ = rx.await;
         }));
 
@@ -176,6 +178,7 @@ impl Bench {
             admin,
             db_name,
             pool,
+            ctx,
             api: Api {
                 http,
                 work_url: format!("{base}/v1/environments/{env_id}/work"),

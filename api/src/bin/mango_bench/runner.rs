@@ -6,12 +6,14 @@
 //! that one item — `mango-worker item` (built from the `runner` crate, found
 //! next to this executable) or `EnvironmentWorker.handle_item()` in a Python
 //! subprocess. The bench appends `agent.tool_use` `bash` `echo …` events
-//! in-process (as the agent loop does), one at a time; a sample is the time
-//! from just before the append to the matching `user.tool_result` arriving on
-//! the Session's SSE stream (read with the Workspace key). After the measured
-//! calls the worker's peak RSS (`VmHWM` of its own process, not of the shell it
-//! spawns) is read from /proc; only then is `session.status_terminated`
-//! appended and the worker waited for.
+//! in-process through the agent loop's own path ([`emit`]), one at a time. A
+//! sample is the round trip the worker is responsible for: from the
+//! `agent.tool_use` admitted to its `user.tool_result` admitted, both stamped
+//! where the api publishes a commit to its streams (a subscription to the
+//! Session's in-process feed). After the measured calls the worker's peak RSS
+//! (`VmHWM` of its own process, not of the shell it spawns) is read from
+//! /proc; only then is `session.status_terminated` appended and the worker
+//! waited for.
 //!
 //! First, the floor under both: the same script with the bench itself
 //! answering each call over HTTP (no worker process, no shell), i.e. what the
@@ -21,7 +23,7 @@
 use crate::events::frame_end;
 use crate::harness::{ms, percentile, Api, Bench};
 use anyhow::{bail, Context};
-use mango_api::admission::append_agent_events;
+use mango_api::admission::{append_agent_events, emit};
 use mango_protocol::WorkData;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -294,9 +296,8 @@ async fn side(
     let secret = work.secret.clone().context("Poll returned no secret")?;
 
     // Subscribed before the worker starts, so no result can be missed.
-    let stream = api.open_stream(&session).await?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
-    let reader = tokio::spawn(read_frames(stream, "user.tool_result", tx));
+    let reader = admissions(bench, &session, tx);
 
     let scratch = Scratch::new(&format!("{}_{label}", bench.db_name))?;
     let log = std::fs::File::create(scratch.log())?;
@@ -440,13 +441,13 @@ async fn script(
     label: &str,
 ) -> anyhow::Result<Vec<f64>> {
     let mut samples = Vec::with_capacity(opts.calls);
-    // Results that arrived before their call's id was known.
-    let mut early: HashMap<String, (Instant, Value)> = HashMap::new();
+    // Admissions seen before the bench knew which call they belong to, by call id.
+    let mut calls_seen: HashMap<String, Instant> = HashMap::new();
+    let mut results_seen: HashMap<String, (Instant, Value)> = HashMap::new();
     for i in 0..opts.warmup + opts.calls {
         let word = format!("bench-{label}-{i}");
-        let started = Instant::now();
-        let stored = append_agent_events(
-            &bench.pool,
+        let stored = emit(
+            &bench.ctx,
             session,
             vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": format!("echo {word}")}, "evaluated_permission": "allow"})],
         )
@@ -459,17 +460,24 @@ async fn script(
             .to_string();
         let limit = if i == 0 { FIRST_RESULT } else { RESULT_TIMEOUT };
         let deadline = tokio::time::Instant::now() + limit;
-        let (arrived, event) = loop {
-            if let Some(found) = early.remove(&call) {
-                break found;
+        let (admitted, answered, event) = loop {
+            if let Some(&admitted) = calls_seen.get(&call) {
+                if let Some((answered, event)) = results_seen.remove(&call) {
+                    calls_seen.remove(&call);
+                    break (admitted, answered, event);
+                }
             }
             tokio::select! {
                 got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
+                    Ok(Some((at, event))) if event["type"] == "agent.tool_use" => {
+                        let id = event["id"].as_str().unwrap_or_default().to_string();
+                        calls_seen.insert(id, at);
+                    }
                     Ok(Some((at, event))) => {
                         let id = event["tool_use_id"].as_str().unwrap_or_default().to_string();
-                        early.insert(id, (at, event));
+                        results_seen.insert(id, (at, event));
                     }
-                    Ok(None) => bail!("{label}: the event stream ended"),
+                    Ok(None) => bail!("{label}: the Session's feed ended"),
                     Err(_) => bail!("{label}: no user.tool_result for call {i} ({call}) within {limit:?}"),
                 },
                 status = exited(&mut child) => {
@@ -482,10 +490,40 @@ async fn script(
             bail!("{label}: unexpected result for call {i}: {event}");
         }
         if i >= opts.warmup {
-            samples.push(ms(arrived.duration_since(started)));
+            samples.push(ms(answered.duration_since(admitted)));
         }
     }
     Ok(samples)
+}
+
+/// Every `agent.tool_use` and `user.tool_result` of `session`, stamped when
+/// the api publishes its commit to the Session's streams (in-process).
+/// Subscribed before it returns, so nothing admitted afterwards is missed.
+fn admissions(
+    bench: &Bench,
+    session: &str,
+    tx: mpsc::UnboundedSender<Arrival>,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    let mut feed = bench.ctx.events.subscribe(session);
+    tokio::spawn(async move {
+        loop {
+            match feed.recv().await {
+                Ok(event) => {
+                    let at = Instant::now();
+                    let kind = event.body["type"].as_str().unwrap_or_default();
+                    if (kind == "agent.tool_use" || kind == "user.tool_result")
+                        && tx.send((at, (*event.body).clone())).is_err()
+                    {
+                        return Ok(());
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    bail!("the bench fell {n} events behind the Session's feed")
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+            }
+        }
+    })
 }
 
 /// The worker's exit, or never when there is no worker process.
@@ -499,17 +537,13 @@ async fn exited(
 }
 
 /// The floor under any worker: the same script answered by the bench itself,
-/// which reads `agent.tool_use` on a second stream of the Session and POSTs
-/// the `user.tool_result` with the Workspace key at once (no process, no
-/// shell): admission, NOTIFY and SSE delivery twice, one HTTP request.
+/// which reads `agent.tool_use` on a stream of the Session and POSTs the
+/// `user.tool_result` with the Workspace key at once (no process, no shell):
+/// SSE delivery, one HTTP request and its admission.
 async fn floor(bench: &Bench, api: &Api, agent: &str, opts: &Options) -> anyhow::Result<Side> {
     let session = api.create_session(agent, &bench.env_id).await?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
-    let reader = tokio::spawn(read_frames(
-        api.open_stream(&session).await?,
-        "user.tool_result",
-        tx,
-    ));
+    let reader = admissions(bench, &session, tx);
     let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
     let call_reader = tokio::spawn(read_frames(
         api.open_stream(&session).await?,
