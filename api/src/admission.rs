@@ -8,8 +8,8 @@ use crate::lease::{Kind, Lease};
 use crate::session_rules::{
     self as rules, CallKind, ConfirmationDecision, Permission, ResultDecision, Sender,
 };
-use crate::store::sessions::{self, LoggedEvent, SessionRow};
-use crate::store::work::{self, NewWork};
+use crate::store::sessions::{self, ClaimFence, LoggedEvent, SessionRow};
+use crate::store::work::{self, NewWork, WorkRow};
 use crate::{ids, ApiContext, Settings};
 use axum::http::StatusCode;
 use mango_protocol::time;
@@ -122,6 +122,66 @@ pub async fn admit(
         data: out,
         appended,
     })
+}
+
+/// The hot path of a worker's tool loop: one tool result sent with the
+/// item's sessions token (`work`, just authenticated). Decided by the same
+/// rules as [`admit`], from an unlocked read of the Session and the call, and
+/// written by one statement fenced on what that read saw and on the claim
+/// being unchanged: two round trips instead of a locking transaction's five.
+/// `None` means "take the locking path": anything but a first, acceptable
+/// answer (retries, refusals, a Session or claim that moved on meanwhile)
+/// gets its answer from [`admit`].
+pub async fn admit_worker_result(
+    db: &mut PgConnection,
+    work: &WorkRow,
+    session_id: &str,
+    events: &[Map<String, Value>],
+) -> ApiResult<Option<Admission>> {
+    let [event] = events else {
+        return Ok(None);
+    };
+    let event_type = event.get("type").and_then(Value::as_str).unwrap_or("");
+    let (key, kind) = match event_type {
+        "user.tool_result" => ("tool_use_id", CallKind::Tool),
+        "user.custom_tool_result" => ("custom_tool_use_id", CallKind::Custom),
+        _ => return Ok(None),
+    };
+    let call_id = event.get(key).and_then(Value::as_str).unwrap_or_default();
+    let Some((mut session, Some(call))) =
+        sessions::peek_with_call(&mut *db, session_id, call_id).await?
+    else {
+        return Ok(None);
+    };
+    let acceptable = session.archived_at.is_none()
+        && rules::may_send(Sender::Worker, event_type, session.status()).is_ok()
+        && rules::admit_result(Some(&call.state()), kind) == Ok(ResultDecision::Accept);
+    if !acceptable {
+        return Ok(None);
+    }
+    let mut event = event.clone();
+    if let Some(thread) = call.thread_id {
+        event.insert("session_thread_id".into(), Value::String(thread));
+    }
+    let claim = ClaimFence {
+        work_id: &work.id,
+        row_version: work.row_version,
+    };
+    // A result is runnable input and the claim's Work is live: the outbox
+    // row wakes the agent loop, and no new activation is needed.
+    let written = sessions::append_if_unchanged(
+        db,
+        &mut session,
+        vec![event],
+        true,
+        time::now(),
+        Some(claim),
+    )
+    .await?;
+    Ok(written.map(|appended| Admission {
+        data: appended.iter().map(|e| e.body.clone()).collect(),
+        appended,
+    }))
 }
 
 fn answers_a_call(event_type: &str) -> bool {

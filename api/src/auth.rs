@@ -224,3 +224,27 @@ pub async fn environment_key_for_lease(
         .await?
         .environment_key(environment_id, what)
 }
+
+/// How long a worker's tool result may reuse a sessions token lookup.
+const CLAIM_LOOKUP_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The claim behind the request's sessions token as this process saw it less
+/// than two seconds ago, for the fenced result path only
+/// (`admission::admit_worker_result`): its write goes through only if the
+/// Work row still has the version seen here, so a claim that changed since
+/// (stopped, reclaimed, even heartbeated) writes nothing, and the request
+/// takes the full path, which authenticates afresh.
+pub fn recent_claim(ctx: &ApiContext, headers: &HeaderMap) -> Option<WorkRow> {
+    let secret = presented(headers).ok()?;
+    if !secret.starts_with(ids::SESSIONS_TOKEN_PREFIX) {
+        return None;
+    }
+    ctx.recent_claim(&ids::sha256(&secret), CLAIM_LOOKUP_REUSE)
+}
+
+/// Remembers the claim a sessions token was just authenticated as.
+pub fn remember_claim(ctx: &ApiContext, headers: &HeaderMap, row: &WorkRow) {
+    if let Ok(secret) = presented(headers) {
+        ctx.remember_claim(ids::sha256(&secret), row.clone());
+    }
+}

@@ -1,4 +1,5 @@
 use crate::store::keys::KeyRow;
+use crate::store::work::WorkRow;
 use crate::wake::WakeHub;
 use chrono::Duration;
 use sqlx::PgPool;
@@ -51,6 +52,8 @@ impl Default for Settings {
 
 /// Environment keys by secret digest, with when they were looked up.
 type KeyLookups = HashMap<Vec<u8>, (KeyRow, Instant)>;
+/// Claims by sessions-token digest, with when they were looked up.
+type ClaimLookups = HashMap<Vec<u8>, (WorkRow, Instant)>;
 
 /// Everything a handler needs, cloned per request.
 #[derive(Clone)]
@@ -64,6 +67,7 @@ pub struct ApiContext {
     pub agent_wake: Arc<tokio::sync::Notify>,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
     recent_keys: Arc<Mutex<KeyLookups>>,
+    recent_claims: Arc<Mutex<ClaimLookups>>,
 }
 
 /// A worker id is written to the store at most this often per process; stats
@@ -81,6 +85,7 @@ impl ApiContext {
             agent_wake: Arc::default(),
             sightings: Arc::default(),
             recent_keys: Arc::default(),
+            recent_claims: Arc::default(),
         }
     }
 
@@ -91,6 +96,23 @@ impl ApiContext {
             .get(digest)
             .filter(|(_, at)| at.elapsed() < max_age)
             .map(|(key, _)| key.clone())
+    }
+
+    /// A sessions token's claim looked up less than `max_age` ago (see `auth::recent_claim`).
+    pub fn recent_claim(&self, digest: &[u8], max_age: std::time::Duration) -> Option<WorkRow> {
+        let cache = self.recent_claims.lock().expect("claim cache lock");
+        cache
+            .get(digest)
+            .filter(|(_, at)| at.elapsed() < max_age)
+            .map(|(row, _)| row.clone())
+    }
+
+    pub fn remember_claim(&self, digest: Vec<u8>, row: WorkRow) {
+        let mut cache = self.recent_claims.lock().expect("claim cache lock");
+        if cache.len() > 1_000 {
+            cache.clear();
+        }
+        cache.insert(digest, (row, Instant::now()));
     }
 
     pub fn remember_key(&self, digest: Vec<u8>, key: KeyRow) {

@@ -18,6 +18,7 @@
 use crate::store::sessions::{self, LoggedEvent};
 use sqlx::PgPool;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
@@ -28,6 +29,9 @@ struct Feed {
     /// The last sequence number broadcast; `None` until the reader has read
     /// where the log stood when the feed started.
     delivered: Mutex<Option<i64>>,
+    /// How far the reader was asked to read (0: nothing pending; `i64::MAX`:
+    /// read whatever there is).
+    wanted: AtomicI64,
 }
 
 impl Feed {
@@ -49,6 +53,12 @@ impl Feed {
             let _ = self.tx.send(event);
         }
         true
+    }
+
+    /// Asks the reader to read up to `seq`.
+    fn want(&self, seq: i64) {
+        self.wanted.fetch_max(seq, Ordering::Relaxed);
+        self.wake.notify_one();
     }
 
     fn has_delivered(&self, seq: i64) -> bool {
@@ -91,6 +101,7 @@ impl SessionFeeds {
             tx,
             wake: Notify::new(),
             delivered: Mutex::new(None),
+            wanted: AtomicI64::new(0),
         });
         feeds.insert(id.to_string(), feed.clone());
         tokio::spawn(self.clone().read(id.to_string(), feed));
@@ -110,7 +121,7 @@ impl SessionFeeds {
         }
         if let Some(feed) = self.feed(id) {
             if !feed.deliver(events.iter().cloned()) {
-                feed.wake.notify_one();
+                feed.want(i64::MAX);
             }
         }
     }
@@ -119,8 +130,10 @@ impl SessionFeeds {
     /// LISTEN; `None` when the payload did not say).
     pub fn wake(&self, id: &str, last_seq: Option<i64>) {
         if let Some(feed) = self.feed(id) {
-            if !last_seq.is_some_and(|seq| feed.has_delivered(seq)) {
-                feed.wake.notify_one();
+            match last_seq {
+                Some(seq) if feed.has_delivered(seq) => {}
+                Some(seq) => feed.want(seq),
+                None => feed.want(i64::MAX),
             }
         }
     }
@@ -128,7 +141,7 @@ impl SessionFeeds {
     /// Notifications may have been lost (listener reconnect): every feed re-reads.
     pub fn wake_all(&self) {
         for feed in self.feeds.lock().expect("feeds lock").values() {
-            feed.wake.notify_one();
+            feed.want(i64::MAX);
         }
     }
 
@@ -146,7 +159,9 @@ impl SessionFeeds {
         };
         *feed.delivered.lock().expect("feed lock") = Some(start);
         loop {
-            let _ = tokio::time::timeout(IDLE_READ, feed.wake.notified()).await;
+            let woken = tokio::time::timeout(IDLE_READ, feed.wake.notified())
+                .await
+                .is_ok();
             // Stop when the last stream has gone; checked under the map lock so
             // a stream subscribing right now either sees this feed or a new one.
             {
@@ -155,6 +170,12 @@ impl SessionFeeds {
                     feeds.remove(&id);
                     return;
                 }
+            }
+            // A notification of a commit this process has published meanwhile
+            // (its own admission, usually) needs no read.
+            let wanted = feed.wanted.swap(0, Ordering::Relaxed);
+            if woken && wanted != i64::MAX && feed.has_delivered(wanted) {
+                continue;
             }
             loop {
                 let from = feed.delivered.lock().expect("feed lock").unwrap_or(start);
@@ -196,6 +217,7 @@ mod tests {
             tx,
             wake: Notify::new(),
             delivered: Mutex::new(last),
+            wanted: AtomicI64::new(0),
         };
         (feed, rx)
     }

@@ -501,6 +501,173 @@ async fn results_inherit_the_calls_thread(db: sqlx::PgPool) {
         .is_none_or(Value::is_null));
 }
 
+// ------------------------------------------------------------------ the fenced result path
+
+fn counter(app: &TestApp, which: &str) -> u64 {
+    let m = &app.ctx.metrics;
+    let c = match which {
+        "fenced" => &m.fenced_results,
+        _ => &m.locked_admissions,
+    };
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_workers_first_result_takes_the_fenced_path_and_everything_else_the_lock(
+    db: sqlx::PgPool,
+) {
+    let app = TestApp::start(db).await;
+    let (s, tok) = worked_session(&app).await;
+    let call = append_one(&app, &s, tool_use(Some("allow"), Some("sthr_sub1"))).await;
+    let (fenced, locked) = (counter(&app, "fenced"), counter(&app, "locked"));
+    let outbox = app.count_for("outbox", &s).await;
+
+    let first = app.send_as(&s, &tok, json!([tool_result(&call)])).await;
+    first.expect(200);
+    assert_eq!(counter(&app, "fenced"), fenced + 1);
+    assert_eq!(counter(&app, "locked"), locked);
+    // Everything the locking path writes: the event (with the call's
+    // thread), the call answered, the projection, the outbox row.
+    let stored = &first.body["data"][0];
+    assert_eq!(stored["session_thread_id"], "sthr_sub1");
+    let answered_by: Option<String> = sqlx::query_scalar(
+        "SELECT answered_by FROM session_tool_calls WHERE session_id = $1 AND id = $2",
+    )
+    .bind(&s)
+    .bind(&call)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(answered_by.as_deref(), stored["id"].as_str());
+    assert_eq!(app.count_for("outbox", &s).await, outbox + 1);
+    let history = app.all_events(&s).await;
+    assert_eq!(history.last().unwrap()["id"], stored["id"]);
+    assert_eq!(
+        last_seq(&app, &s).await,
+        history.len() as i64,
+        "the projection follows the log"
+    );
+
+    // A retry is answered by the lock path with the event that answered.
+    let again = app.send_as(&s, &tok, json!([tool_result(&call)])).await;
+    again.expect(200);
+    assert_eq!(again.body["data"][0]["id"], stored["id"]);
+    assert_eq!(counter(&app, "fenced"), fenced + 1);
+    assert_eq!(counter(&app, "locked"), locked + 1);
+    assert_eq!(app.all_events(&s).await.len(), history.len());
+
+    // Refusals come from the one locking implementation too.
+    let denied = append_one(&app, &s, tool_use(Some("deny"), None)).await;
+    let r = app.send_as(&s, &tok, json!([tool_result(&denied)])).await;
+    assert_error(&r, 409, "tool_use_denied");
+    let r = app
+        .send_as(&s, &tok, json!([tool_result("sevt_nosuchcall")]))
+        .await;
+    assert_error(&r, 400, "unknown_tool_use_id");
+    assert_eq!(counter(&app, "fenced"), fenced + 1);
+
+    // The next call's result is fenced again (the claim lookup is reused).
+    let next = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+    app.send_as(&s, &tok, json!([tool_result(&next)]))
+        .await
+        .expect(200);
+    assert_eq!(counter(&app, "fenced"), fenced + 2);
+    // Once the Work stopped, the token is refused at once, however recently
+    // its claim was seen: the fence notices the claim moved on.
+    let last = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+    let work = live_work(&app, &s).await;
+    stop_work(&app, &work[0].0, true).await;
+    let events = app.count_for("session_events", &s).await;
+    let r = app.send_as(&s, &tok, json!([tool_result(&last)])).await;
+    r.expect(401);
+    assert_eq!(app.count_for("session_events", &s).await, events);
+    assert_eq!(counter(&app, "fenced"), fenced + 2);
+}
+
+async fn fenced_write(
+    db: &sqlx::PgPool,
+    mut session: mango_api::store::sessions::SessionRow,
+    claim: mango_api::store::sessions::ClaimFence<'_>,
+    event: Value,
+) -> Option<Vec<mango_api::store::sessions::LoggedEvent>> {
+    let mut conn = db.acquire().await.unwrap();
+    let event = event.as_object().cloned().expect("an object");
+    mango_api::store::sessions::append_if_unchanged(
+        &mut conn,
+        &mut session,
+        vec![event],
+        true,
+        mango_protocol::time::now(),
+        Some(claim),
+    )
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
+    use mango_api::store::sessions::{self, ClaimFence};
+    let app = TestApp::start(db).await;
+    let (s, _tok) = worked_session(&app).await;
+    let call = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+    let (work_id, row_version): (String, i64) = sqlx::query_as(
+        "SELECT id, row_version FROM work WHERE session_id = $1 AND state <> 'stopped'",
+    )
+    .bind(&s)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    let write = |session, claim| fenced_write(&app.db, session, claim, tool_result(&call));
+    let peek = || async {
+        sessions::peek_with_call(&app.db, &s, &call)
+            .await
+            .unwrap()
+            .expect("the session")
+            .0
+    };
+    let events = app.count_for("session_events", &s).await;
+    let outbox = app.count_for("outbox", &s).await;
+
+    // The Session moved on after the read: nothing is written.
+    let stale = peek().await;
+    append_one(&app, &s, json!({"type": "agent.message", "content": []})).await;
+    let fence = ClaimFence {
+        work_id: &work_id,
+        row_version,
+    };
+    assert!(write(stale, fence).await.is_none());
+    // The claim moved on (any change bumps its row version): nothing is written.
+    let fresh = peek().await;
+    let moved = ClaimFence {
+        work_id: &work_id,
+        row_version: row_version - 1,
+    };
+    assert!(write(fresh.clone(), moved).await.is_none());
+    let archived = {
+        let mut row = fresh.clone();
+        row.archived_at = Some(mango_protocol::time::now());
+        row
+    };
+    assert!(write(archived, fence).await.is_none());
+    assert_eq!(app.count_for("session_events", &s).await, events + 1);
+    assert_eq!(app.count_for("outbox", &s).await, outbox);
+    let unanswered: Option<String> = sqlx::query_scalar(
+        "SELECT answered_by FROM session_tool_calls WHERE session_id = $1 AND id = $2",
+    )
+    .bind(&s)
+    .bind(&call)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert!(unanswered.is_none());
+
+    // As read: written, with the call answered and the outbox row.
+    let written = write(fresh, fence).await.expect("an unchanged read writes");
+    assert_eq!(written.len(), 1);
+    assert_eq!(app.count_for("session_events", &s).await, events + 2);
+    assert_eq!(app.count_for("outbox", &s).await, outbox + 1);
+}
+
 // ------------------------------------------------------------------ Fail
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]

@@ -2,16 +2,18 @@
 //! A Workspace key has full access; the sessions token of a Session's live
 //! Work reads that Session and sends only tool results; Environment keys get 403.
 
-use crate::admission;
-use crate::auth::{authenticate, operator, Principal};
+use crate::admission::{self, Admission};
+use crate::auth::{self, authenticate, operator, Principal};
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::event_shapes;
 use crate::extract::{check_len, Body, Params, RawBody};
 use crate::lease::TokenUse;
+use crate::metrics::Metrics;
 use crate::session_rules::{self as rules, Sender};
 use crate::store::sessions::{self, EventFilter, ListFilter, SessionRow};
-use crate::store::{agents, cursor, environments, work};
+use crate::store::work::{self, WorkRow};
+use crate::store::{agents, cursor, environments};
 use crate::{ids, metadata};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
@@ -507,9 +509,9 @@ async fn list_events(
     Ok(Json(json!({"data": data, "next_page": next_page})).into_response())
 }
 
-/// Send: `{events: […]}` → `{data: […]}`, admitted in one transaction.
-/// The credential check and the Session lock share it, so the hot path is
-/// BEGIN, key lookup, lock, one write, COMMIT.
+/// Send: `{events: […]}` → `{data: […]}`, admitted in one transaction that
+/// holds the Session's row lock — except a worker's single tool result, which
+/// takes the fenced two-round-trip path when nothing stands in its way.
 async fn send_events(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
@@ -517,21 +519,24 @@ async fn send_events(
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
     let body = Body::parse(&bytes, &["events"])?;
-    let mut tx = ctx.db.begin().await?;
-    let (sender, workspace) = match authenticate(&ctx, &mut tx, &headers).await? {
-        Principal::Workspace(key) => (Sender::Operator, Some(key.workspace_id)),
-        Principal::Token(row) => {
-            let now = time::now();
-            row.lease()
-                .reconcile(now)
-                .admits_token(TokenUse::Session, now)
-                .map_err(|r| ApiError::unauthenticated(r.message()))?;
-            if row.session_id.as_deref() != Some(id.as_str()) {
-                return Err(ApiError::forbidden(
-                    "Sending events: this sessions token belongs to another Session",
-                ));
+    let mut conn = ctx.db.acquire().await?;
+    // A worker's next result, with the claim this process just saw.
+    if let Some(work) = auth::recent_claim(&ctx, &headers) {
+        if worker_may_send(&work, &id).is_ok() {
+            let events = event_shapes::check_all(body.required("events")?)?;
+            if let Some(admitted) =
+                admission::admit_worker_result(&mut conn, &work, &id, &events).await?
+            {
+                return Ok(admitted_reply(&ctx, &id, admitted, true));
             }
-            (Sender::Worker, None)
+        }
+    }
+    let (sender, workspace, claim) = match authenticate(&ctx, &mut conn, &headers).await? {
+        Principal::Workspace(key) => (Sender::Operator, Some(key.workspace_id), None),
+        Principal::Token(row) => {
+            worker_may_send(&row, &id)?;
+            auth::remember_claim(&ctx, &headers, &row);
+            (Sender::Worker, None, Some(row))
         }
         Principal::Environment(_) => {
             return Err(ApiError::forbidden(
@@ -540,6 +545,14 @@ async fn send_events(
         }
     };
     let events = event_shapes::check_all(body.required("events")?)?;
+    if let Some(work) = &claim {
+        if let Some(admitted) =
+            admission::admit_worker_result(&mut conn, work, &id, &events).await?
+        {
+            return Ok(admitted_reply(&ctx, &id, admitted, true));
+        }
+    }
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let (mut session, has_live_work) =
         sessions::lock_for_admission(&mut tx, &id, workspace.as_deref())
             .await?
@@ -554,8 +567,38 @@ async fn send_events(
     )
     .await?;
     tx.commit().await?;
-    ctx.events.publish(&id, &admitted.appended);
-    Ok(Json(json!({ "data": admitted.data })).into_response())
+    Ok(admitted_reply(&ctx, &id, admitted, false))
+}
+
+/// A sessions token may send events to its own Session while its lease lives.
+fn worker_may_send(work: &WorkRow, session_id: &str) -> ApiResult<()> {
+    let now = time::now();
+    work.lease()
+        .reconcile(now)
+        .admits_token(TokenUse::Session, now)
+        .map_err(|r| ApiError::unauthenticated(r.message()))?;
+    if work.session_id.as_deref() != Some(session_id) {
+        return Err(ApiError::forbidden(
+            "Sending events: this sessions token belongs to another Session",
+        ));
+    }
+    Ok(())
+}
+
+/// Hands the committed events to this process's streams, then answers.
+fn admitted_reply(
+    ctx: &ApiContext,
+    session_id: &str,
+    admitted: Admission,
+    fenced: bool,
+) -> Response {
+    Metrics::count(if fenced {
+        &ctx.metrics.fenced_results
+    } else {
+        &ctx.metrics.locked_admissions
+    });
+    ctx.events.publish(session_id, &admitted.appended);
+    Json(json!({ "data": admitted.data })).into_response()
 }
 
 /// SSE: every frame carries `event:`; `event: ping` keeps it alive. Starts

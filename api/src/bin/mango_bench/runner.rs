@@ -242,6 +242,12 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
         None => None,
     };
     let result = RunnerResult { floor, runner, sdk };
+    let metrics = &bench.ctx.metrics;
+    println!(
+        "runner: sends admitted by the fenced result path {}, under the Session lock {} (the floor's results, sent with the Workspace key, take the lock)",
+        metrics.fenced_results.load(std::sync::atomic::Ordering::Relaxed),
+        metrics.locked_admissions.load(std::sync::atomic::Ordering::Relaxed)
+    );
     let floor = &result.floor;
     println!(
         "runner: floor (server + bench, no worker) p50 {:.2} ms, p99 {:.2} ms",
