@@ -421,6 +421,28 @@ impl Client {
         .await
     }
 
+    /// A custom Skill version (`version` may be `latest`), as a Session pins it.
+    pub async fn skill_version(&self, skill_id: &str, version: &str) -> Result<Value> {
+        self.json(
+            Method::GET,
+            &format!("/v1/skills/{skill_id}/versions/{version}"),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// A Memory Store a Session attaches.
+    pub async fn memory_store(&self, memory_store_id: &str) -> Result<Value> {
+        self.json(
+            Method::GET,
+            &format!("/v1/memory_stores/{memory_store_id}"),
+            &[],
+            None,
+        )
+        .await
+    }
+
     /// Every event of the Session, oldest first, following `next_page`.
     pub async fn all_events(&self, session_id: &str) -> Result<Vec<Value>> {
         self.all_pages(&format!("/v1/sessions/{session_id}/events"), 1000)

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use mango_client::Client;
 use mango_runner::healthcheck;
 use mango_runner::lease::Lease;
+use mango_runner::prepare::{self, PrepareError};
 use mango_runner::secret;
 use mango_runner::session;
 use mango_runner::tools::{ToolContext, Toolset};
@@ -123,31 +124,66 @@ async fn run_item(id: Identity) -> anyhow::Result<ExitCode> {
     if let Some(session_id) = session_id {
         let mut toolset = Toolset::new(ToolContext::new(&id.workspace));
         let work = async {
-            let end = session::run(
-                &client,
-                &session_id,
-                &mut toolset,
-                Duration::from_secs(id.idle_after_end_turn_seconds),
-                &lost,
-            )
-            .await;
+            let prepared = tokio::select! {
+                prepared = prepare::check_pinned_inputs(&client, &session_id) => Some(prepared),
+                _ = lost.cancelled() => None,
+            };
+            let end = match prepared {
+                None => session::SessionEnd::LeaseEnded,
+                Some(Err(PrepareError::Permanent(why))) => session::SessionEnd::InvalidInput(why),
+                Some(Err(PrepareError::Transient(why))) => {
+                    session::SessionEnd::PreparationUnavailable(why)
+                }
+                Some(Err(PrepareError::Rejected(why))) => session::SessionEnd::Rejected(why),
+                Some(Ok(())) => {
+                    session::run(
+                        &client,
+                        &session_id,
+                        &mut toolset,
+                        Duration::from_secs(id.idle_after_end_turn_seconds),
+                        &lost,
+                    )
+                    .await
+                }
+            };
             toolset.shutdown().await;
             done.cancel();
             end
         };
         let (lease_end, session_end) = tokio::join!(keeper, work);
         tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, "session work ended");
-        // Ordinary exits force-Stop; a lost or unreachable lease is left alone.
-        let undelivered = matches!(session_end, session::SessionEnd::ResultUndelivered(_));
-        if lease_end.may_stop() && !undelivered {
+        use session::SessionEnd;
+        if let SessionEnd::InvalidInput(why) = &session_end {
+            // Fail stops the Work and terminates the Session in one step.
+            return Ok(
+                match client.fail(&id.environment_id, &id.work_id, why).await {
+                    Ok(_) => {
+                        tracing::error!(work_id = %id.work_id, reason = %why, "the Session's input is invalid; the Work was failed");
+                        ExitCode::from(6)
+                    }
+                    Err(err) => {
+                        // Not recorded: the lease expires and the next holder finds the same.
+                        tracing::error!(work_id = %id.work_id, reason = %why, error = %err, "could not fail the Work");
+                        ExitCode::from(5)
+                    }
+                },
+            );
+        }
+        // Ordinary exits force-Stop; a lost or unreachable lease, an
+        // undelivered result or an unavailable input is left to expire.
+        let leave_to_expire = matches!(
+            session_end,
+            SessionEnd::ResultUndelivered(_) | SessionEnd::PreparationUnavailable(_)
+        );
+        if lease_end.may_stop() && !leave_to_expire {
             if let Err(err) = client.stop(&id.environment_id, &id.work_id, true).await {
                 tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
             }
         }
         return Ok(match session_end {
-            session::SessionEnd::Rejected(_) | session::SessionEnd::ResultUndelivered(_) => {
-                ExitCode::from(4)
-            }
+            SessionEnd::Rejected(_)
+            | SessionEnd::ResultUndelivered(_)
+            | SessionEnd::PreparationUnavailable(_) => ExitCode::from(4),
             _ => ExitCode::SUCCESS,
         });
     }

@@ -31,6 +31,12 @@ pub enum SessionEnd {
     /// would wait for it forever, so the lease is left to expire and Poll
     /// hands the item to another worker, which runs the call again.
     ResultUndelivered(String),
+    /// An input the frozen snapshot pins cannot exist (spec §9): the Work is
+    /// Failed with this message, which terminates the Session.
+    InvalidInput(String),
+    /// Preparation could not reach what it needs right now: the lease is left
+    /// to expire and the item is reclaimed.
+    PreparationUnavailable(String),
 }
 
 pub async fn run(

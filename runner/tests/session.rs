@@ -2,7 +2,7 @@
 //! the agent loop does), the real runner executes them against a real api.
 
 mod common;
-use common::{session_with_work, text_of};
+use common::{session_with_work, session_with_work_for, text_of};
 
 use mango_api::admission::append_agent_events;
 use mango_api::fixtures::LiveApi;
@@ -169,4 +169,76 @@ async fn a_tool_call_cannot_find_the_token_anywhere_it_can_read(db: sqlx::PgPool
         .unwrap()
         .unwrap();
     assert!(status.success());
+}
+
+/// Waits for the item to end (serving the in-process api meanwhile); its exit code and stderr.
+async fn finish(mut child: Child) -> (Option<i32>, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            return (status.code(), err);
+        }
+        assert!(Instant::now() < deadline, "the runner did not finish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A pinned input that cannot exist is a permanent input error: the runner
+/// Fails the Work before any tool runs, and the Session terminates with
+/// `session_input_failed_error` naming it (spec §3, §9).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_session(
+    db: sqlx::PgPool,
+) {
+    let api = LiveApi::start(db).await;
+    let operator = Client::new(&api.base, &api.workspace_key);
+    let cases = [
+        (
+            json!({"name": "a", "model": "m", "skills": [{"type": "custom", "skill_id": "skill_missing", "version": "7"}]}),
+            json!([]),
+            "custom Skill skill_missing version 7",
+        ),
+        (
+            json!({"name": "b", "model": "m"}),
+            json!([{"type": "memory_store", "memory_store_id": "memstore_missing", "access": "read_write"}]),
+            "Memory Store memstore_missing",
+        ),
+    ];
+    for (agent, resources, named) in cases {
+        let (session_id, work) = session_with_work_for(&api, agent, resources).await;
+        let workspace = tempfile::tempdir().unwrap();
+        // A call is already waiting: it must not run.
+        append_agent_events(
+            &api.db,
+            &session_id,
+            vec![
+                json!({"type": "agent.tool_use", "name": "write", "evaluated_permission": "allow",
+                         "input": {"file_path": "ran.txt", "content": "x"}}),
+            ],
+        )
+        .await
+        .unwrap();
+        let runner = start_runner(&api, &work, &session_id, workspace.path());
+        let (code, stderr) = finish(runner).await;
+        assert_eq!(code, Some(6), "{stderr}");
+
+        let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+        assert_eq!(stored.state, WorkState::Stopped);
+        let events = operator.all_events(&session_id).await.unwrap();
+        let error = events
+            .iter()
+            .find(|e| e["type"] == "session.error")
+            .expect("a session.error");
+        assert_eq!(error["error"]["type"], "session_input_failed_error");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(named), "{message}");
+        assert_eq!(events.last().unwrap()["type"], "session.status_terminated");
+        assert!(
+            !events.iter().any(|e| e["type"] == "user.tool_result"),
+            "no tool ran"
+        );
+        assert!(!workspace.path().join("ran.txt").exists());
+    }
 }

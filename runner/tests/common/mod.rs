@@ -9,6 +9,15 @@ use serde_json::{json, Value};
 /// An agent, a Session with one `user.message`, and its Work polled and acked
 /// with the Environment key, as a supervisor would before starting a runner.
 pub async fn session_with_work(api: &LiveApi) -> (String, Work) {
+    session_with_work_for(api, json!({"name": "a", "model": "m"}), json!([])).await
+}
+
+/// [`session_with_work`] for an agent made from `agent` and a Session with `resources`.
+pub async fn session_with_work_for(
+    api: &LiveApi,
+    agent: Value,
+    resources: Value,
+) -> (String, Work) {
     let http = reqwest::Client::new();
     let post = |path: &str, body: Value| {
         http.post(format!("{}{path}", api.base))
@@ -16,7 +25,7 @@ pub async fn session_with_work(api: &LiveApi) -> (String, Work) {
             .json(&body)
             .send()
     };
-    let agent: Value = post("/v1/agents", json!({"name": "a", "model": "m"}))
+    let agent: Value = post("/v1/agents", agent)
         .await
         .unwrap()
         .json()
@@ -24,7 +33,7 @@ pub async fn session_with_work(api: &LiveApi) -> (String, Work) {
         .unwrap();
     let session: Value = post(
         "/v1/sessions",
-        json!({"agent": agent["id"], "environment_id": api.environment_id,
+        json!({"agent": agent["id"], "environment_id": api.environment_id, "resources": resources,
                "initial_events": [{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]}),
     )
     .await
