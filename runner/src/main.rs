@@ -154,9 +154,10 @@ async fn run_item(id: Identity) -> anyhow::Result<ExitCode> {
         tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, "session work ended");
         use session::SessionEnd;
         if let SessionEnd::InvalidInput(why) = &session_end {
+            let why = prepare::fail_message(why);
             // Fail stops the Work and terminates the Session in one step.
             return Ok(
-                match client.fail(&id.environment_id, &id.work_id, why).await {
+                match client.fail(&id.environment_id, &id.work_id, &why).await {
                     Ok(_) => {
                         tracing::error!(work_id = %id.work_id, reason = %why, "the Session's input is invalid; the Work was failed");
                         ExitCode::from(6)

@@ -96,6 +96,19 @@ fn api_message(err: &ClientError) -> String {
     }
 }
 
+/// The most a Fail message may hold (spec §3: ≤ 1024 characters).
+pub const FAIL_MESSAGE_LIMIT: usize = 1024;
+
+/// `why`, cut to what Fail accepts.
+pub fn fail_message(why: &str) -> String {
+    if why.chars().count() <= FAIL_MESSAGE_LIMIT {
+        return why.to_string();
+    }
+    let mut cut: String = why.chars().take(FAIL_MESSAGE_LIMIT - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// Reads the snapshot and checks every pinned input exists.
 pub async fn check_pinned_inputs(client: &Client, session_id: &str) -> Result<(), PrepareError> {
     let session = client.session(session_id).await.map_err(|err| {
@@ -137,6 +150,16 @@ mod tests {
             request_id: None,
             final_answer,
         }
+    }
+
+    #[test]
+    fn fail_messages_fit_the_limit() {
+        assert_eq!(fail_message("short"), "short");
+        let exact = "é".repeat(FAIL_MESSAGE_LIMIT);
+        assert_eq!(fail_message(&exact), exact);
+        let long = fail_message(&"é".repeat(FAIL_MESSAGE_LIMIT + 1));
+        assert_eq!(long.chars().count(), FAIL_MESSAGE_LIMIT);
+        assert!(long.ends_with('…'));
     }
 
     #[test]
