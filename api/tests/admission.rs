@@ -503,6 +503,18 @@ async fn results_inherit_the_calls_thread(db: sqlx::PgPool) {
 
 // ------------------------------------------------------------------ the fenced result path
 
+/// The result event that answered `call`, if any.
+async fn answered_by(app: &TestApp, session: &str, call: &str) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT answered_by FROM session_tool_calls WHERE session_id = $1 AND id = $2",
+    )
+    .bind(session)
+    .bind(call)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
 fn counter(app: &TestApp, which: &str) -> u64 {
     let m = &app.ctx.metrics;
     let c = match which {
@@ -530,15 +542,8 @@ async fn a_workers_first_result_takes_the_fenced_path_and_everything_else_the_lo
     // thread), the call answered, the projection, the outbox row.
     let stored = &first.body["data"][0];
     assert_eq!(stored["session_thread_id"], "sthr_sub1");
-    let answered_by: Option<String> = sqlx::query_scalar(
-        "SELECT answered_by FROM session_tool_calls WHERE session_id = $1 AND id = $2",
-    )
-    .bind(&s)
-    .bind(&call)
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
-    assert_eq!(answered_by.as_deref(), stored["id"].as_str());
+    let answer = answered_by(&app, &s, &call).await;
+    assert_eq!(answer.as_deref(), stored["id"].as_str());
     assert_eq!(app.count_for("outbox", &s).await, outbox + 1);
     let history = app.all_events(&s).await;
     assert_eq!(history.last().unwrap()["id"], stored["id"]);
@@ -651,14 +656,7 @@ async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
     assert!(write(archived, fence).await.is_none());
     assert_eq!(app.count_for("session_events", &s).await, events + 1);
     assert_eq!(app.count_for("outbox", &s).await, outbox);
-    let unanswered: Option<String> = sqlx::query_scalar(
-        "SELECT answered_by FROM session_tool_calls WHERE session_id = $1 AND id = $2",
-    )
-    .bind(&s)
-    .bind(&call)
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
+    let unanswered = answered_by(&app, &s, &call).await;
     assert!(unanswered.is_none());
 
     // As read: written, with the call answered and the outbox row.
