@@ -303,40 +303,12 @@ pub async fn append_if_unchanged(
         rows.types.push(event_type);
         rows.bodies.push(Value::Object(event));
     }
-    let done = sqlx::query(
-        "WITH fence AS (
-             UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
-             WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
-               AND ($12::text IS NULL
-                    OR EXISTS (SELECT 1 FROM work WHERE id = $12 AND row_version = $13 FOR SHARE))
-             RETURNING id
-         ),
-         events AS (
-             INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
-             SELECT fence.id, e.seq, e.id, e.type, $5, e.body
-             FROM fence, UNNEST($2::bigint[], $3::text[], $4::text[], $6::jsonb[]) AS e(seq, id, type, body)
-         ),
-         opened AS (
-             INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
-             SELECT fence.id, c.id, c.kind, c.name, c.thread_id, c.permission
-             FROM fence, UNNEST($14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
-                  AS c(id, kind, name, thread_id, permission)
-         ),
-         answered AS (
-             UPDATE session_tool_calls t SET answered_by = a.event_id
-             FROM fence, UNNEST($19::text[], $20::text[]) AS a(call_id, event_id)
-             WHERE t.session_id = fence.id AND t.id = a.call_id
-         ),
-         confirmed AS (
-             UPDATE session_tool_calls t SET confirmation = c.result
-             FROM fence, UNNEST($21::text[], $22::text[]) AS c(call_id, result)
-             WHERE t.session_id = fence.id AND t.id = c.call_id
-         ),
-         outbox AS (
-             INSERT INTO outbox (session_id, last_seq, created_at) SELECT fence.id, $7, $5 FROM fence WHERE $9
-         )
-         SELECT count(*) FROM fence",
-    )
+    let done = sqlx::query(append_statement(StatementParts {
+        opened: !calls.opened_ids.is_empty(),
+        answered: !calls.answered_calls.is_empty(),
+        confirmed: !calls.confirmed_calls.is_empty(),
+        outbox: wake_agent_loop,
+    }))
     .bind(&session.id)
     .bind(&rows.seqs)
     .bind(&rows.ids)
@@ -378,6 +350,99 @@ pub async fn append_if_unchanged(
             })
             .collect(),
     ))
+}
+
+/// Which optional parts an append needs; the statement carries only those
+/// (every variant binds the same 22 parameters, so the call site is one).
+#[derive(Clone, Copy)]
+struct StatementParts {
+    opened: bool,
+    answered: bool,
+    confirmed: bool,
+    outbox: bool,
+}
+
+fn append_statement(parts: StatementParts) -> &'static str {
+    static VARIANTS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        (0..16u8)
+            .map(|bits| {
+                build_append_statement(StatementParts {
+                    opened: bits & 1 != 0,
+                    answered: bits & 2 != 0,
+                    confirmed: bits & 4 != 0,
+                    outbox: bits & 8 != 0,
+                })
+            })
+            .collect()
+    });
+    let index = usize::from(parts.opened)
+        | usize::from(parts.answered) << 1
+        | usize::from(parts.confirmed) << 2
+        | usize::from(parts.outbox) << 3;
+    &VARIANTS[index]
+}
+
+/// Parameters: $1 session, $2–$4 and $6 the events' seqs, ids, types and
+/// bodies, $5 now, $7 the new last_seq, $8 the new status, $9 (unused here:
+/// whether to write the outbox row), $10 the last_seq and $11 the archival
+/// the caller read, $12/$13 the claim's Work id and row version (or NULL),
+/// $14–$18 opened calls, $19/$20 answered calls, $21/$22 confirmations.
+fn build_append_statement(parts: StatementParts) -> String {
+    let mut sql = String::from(
+        "WITH fence AS (
+             UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
+             WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
+               AND ($12::text IS NULL
+                    OR EXISTS (SELECT 1 FROM work WHERE id = $12 AND row_version = $13 FOR SHARE))
+             RETURNING id
+         ),
+         events AS (
+             INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
+             SELECT fence.id, e.seq, e.id, e.type, $5, e.body
+             FROM fence, UNNEST($2::bigint[], $3::text[], $4::text[], $6::jsonb[]) AS e(seq, id, type, body)
+         )",
+    );
+    if parts.opened {
+        sql.push_str(
+            ",
+         opened AS (
+             INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
+             SELECT fence.id, c.id, c.kind, c.name, c.thread_id, c.permission
+             FROM fence, UNNEST($14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+                  AS c(id, kind, name, thread_id, permission)
+         )",
+        );
+    }
+    if parts.answered {
+        sql.push_str(
+            ",
+         answered AS (
+             UPDATE session_tool_calls t SET answered_by = a.event_id
+             FROM fence, UNNEST($19::text[], $20::text[]) AS a(call_id, event_id)
+             WHERE t.session_id = fence.id AND t.id = a.call_id
+         )",
+        );
+    }
+    if parts.confirmed {
+        sql.push_str(
+            ",
+         confirmed AS (
+             UPDATE session_tool_calls t SET confirmation = c.result
+             FROM fence, UNNEST($21::text[], $22::text[]) AS c(call_id, result)
+             WHERE t.session_id = fence.id AND t.id = c.call_id
+         )",
+        );
+    }
+    if parts.outbox {
+        sql.push_str(
+            ",
+         outbox AS (
+             INSERT INTO outbox (session_id, last_seq, created_at) SELECT fence.id, $7, $5 FROM fence
+         )",
+        );
+    }
+    sql.push_str("\n         SELECT count(*) FROM fence");
+    sql
 }
 
 #[derive(Default)]
