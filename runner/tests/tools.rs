@@ -625,6 +625,28 @@ async fn bash_state_persists() {
     ts.shutdown().await;
 }
 
+/// Long commands (a heredoc writing a file) arrive whole and cost no more than
+/// their size: the shell reads them from a file, not a byte per `read`.
+#[tokio::test]
+async fn bash_long_commands_arrive_whole() {
+    let (_d, root, mut ts) = setup();
+    let body: String = (0..4000)
+        .map(|i| format!("line {i} 'quoted' \"double\" $HOME\n"))
+        .collect();
+    let command = format!("cat > big.txt <<'EOF'\n{body}EOF\nwc -l < big.txt; echo $?");
+    assert!(command.len() > 100_000);
+    let o = call(&mut ts, "bash", json!({"command": command})).await;
+    assert!(!o.is_error, "{}", text(&o));
+    assert_eq!(text(&o), "4000\n0");
+    assert_eq!(std::fs::read_to_string(root.join("big.txt")).unwrap(), body);
+    // The command file lives outside the workspace.
+    let entries: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, vec![std::ffi::OsString::from("big.txt")]);
+}
+
 #[tokio::test]
 async fn bash_nonzero_exit_and_exit_builtin() {
     let (_d, _root, mut ts) = setup();

@@ -7,14 +7,20 @@
 //! no history expansion, no line-length limit). cwd, exports and background
 //! jobs survive between calls.
 //!
-//! Framing: each command is sent as
-//! `eval '<command>' </dev/null 2>&1; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?"`
-//! (the `eval` builtin is the brace group: its redirections cover the whole
-//! command). `eval` of a single-quoted string keeps an unbalanced quote or a
-//! syntax error inside the call (a raw `{ …\n}` group would let an open
-//! quote swallow the framing, and after an `eval` parse error bash 5.2 fails
-//! to recognise a reserved word at the start of the next line); the sentinel is split so its literal never appears
-//! in the written text, and its random part is fresh per call. Reading stops
+//! Framing: each command is written to a file in a private (0700) directory
+//! of the runner's, and the shell is sent
+//! `. '<dir>/command' </dev/null 2>&1; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?"`
+//! (`.` runs the file in the current shell, so cwd and exports persist, and
+//! its redirections cover the whole command; an unbalanced quote or a syntax
+//! error stays inside the file and `.` returns 2). The file matters for
+//! speed: bash reads a pipe one byte per `read` so as not to consume input
+//! meant for its children, which made every call cost a system call per
+//! byte of the command; a file it reads in blocks. Without a writable
+//! temporary directory the command goes inline as
+//! `eval '<command>' …` instead (`eval` of a single-quoted string has the same
+//! containment; a raw `{ …\n}` group would let an open quote swallow the
+//! framing). The sentinel is split so its literal never appears in the
+//! written text, and its random part is fresh per call. Reading stops
 //! at the sentinel; a missing sentinel (shell died) or garbage after it
 //! closes the shell. Timeout, cancellation, shell death or corrupt framing
 //! close the shell (SIGTERM to the group, SIGKILL after a short grace); the
@@ -258,11 +264,43 @@ struct Shell {
     child: Child,
     pgid: i32,
     stdin: ChildStdin,
+    /// Where commands are written for the shell to source (see the framing).
+    commands: Option<CommandDir>,
     master: AsyncFd<OwnedFd>,
     /// Exit status once reaped.
     exited: Option<i32>,
     /// The PTY reported end of file (no slave holders left).
     eof: bool,
+}
+
+/// A private directory holding the command file, removed with the shell.
+struct CommandDir {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl CommandDir {
+    fn create() -> io::Result<CommandDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut id = [0u8; 8];
+        rand::thread_rng().fill_bytes(&mut id);
+        let name: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = std::env::temp_dir().join(format!("mango-bash-{name}"));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        let file = dir.join("command");
+        Ok(CommandDir { dir, file })
+    }
+}
+
+impl Drop for CommandDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `text` as one single-quoted shell word.
+fn single_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 impl Drop for Shell {
@@ -378,10 +416,18 @@ impl Shell {
         // stays open and unchanged for the AsyncFd's whole life.
         let master = unsafe { AsyncFd::register_with_interest(master, Interest::READABLE) }
             .map_err(io::Error::from)?;
+        let commands = match CommandDir::create() {
+            Ok(dir) => Some(dir),
+            Err(err) => {
+                tracing::warn!(error = %err, "no private temporary directory for bash commands; sending them inline");
+                None
+            }
+        };
         Ok(Shell {
             child,
             pgid,
             stdin,
+            commands,
             master,
             exited: None,
             eof: false,
@@ -412,9 +458,15 @@ impl Shell {
         rand::thread_rng().fill_bytes(&mut id);
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let sentinel = format!("{SENTINEL_PREFIX}{hex}{SENTINEL_SUFFIX}");
-        let escaped = command.replace('\'', r"'\''");
+        let run = match &self.commands {
+            Some(dir) => match std::fs::write(&dir.file, command) {
+                Ok(()) => format!(". {}", single_quoted(&dir.file.to_string_lossy())),
+                Err(_) => format!("eval {}", single_quoted(command)),
+            },
+            None => format!("eval {}", single_quoted(command)),
+        };
         let script = format!(
-            "eval '{escaped}' </dev/null 2>&1; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\"\n"
+            "{run} </dev/null 2>&1; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\"\n"
         );
 
         let mut out = OutputBuffer::default();

@@ -56,6 +56,15 @@ struct WorkSecret {
     sessions_token: String,
 }
 
+/// The sessions token inside a Work secret.
+pub fn sessions_token(secret: &str) -> anyhow::Result<String> {
+    let raw = URL_SAFE_NO_PAD
+        .decode(secret)
+        .context("secret is not URL-safe base64 without padding")?;
+    let payload: WorkSecret = serde_json::from_slice(&raw)?;
+    Ok(payload.sessions_token)
+}
+
 #[derive(Deserialize)]
 struct Beat {
     last_heartbeat: String,
@@ -378,13 +387,9 @@ impl Api {
             return Ok(None);
         };
         let secret = polled.secret.context("Poll returned no secret")?;
-        let raw = URL_SAFE_NO_PAD
-            .decode(secret)
-            .context("secret is not URL-safe base64 without padding")?;
-        let payload: WorkSecret = serde_json::from_slice(&raw)?;
         Ok(Some(Claim {
             id: polled.id,
-            token: payload.sessions_token,
+            token: sessions_token(&secret)?,
         }))
     }
 
@@ -496,12 +501,17 @@ impl Api {
         expect(reply, StatusCode::OK, "send events").await.map(drop)
     }
 
-    /// Sends `events` to Session `session` with the Workspace key.
-    pub async fn send_events(&self, session: &str, events: Vec<Value>) -> anyhow::Result<()> {
+    /// Sends `events` to Session `session` with `credential` (e.g. a sessions token).
+    pub async fn send_events_as(
+        &self,
+        session: &str,
+        credential: &str,
+        events: Vec<Value>,
+    ) -> anyhow::Result<()> {
         let reply = self
             .http
             .post(format!("{}/sessions/{session}/events", self.v1()))
-            .bearer_auth(&self.ws_key)
+            .bearer_auth(credential)
             .json(&json!({ "events": events }))
             .send()
             .await?;

@@ -21,7 +21,7 @@
 //! below floor / SDK, so the time above the floor is printed as well.
 
 use crate::events::frame_end;
-use crate::harness::{ms, percentile, Api, Bench};
+use crate::harness::{ms, percentile, sessions_token, Api, Bench};
 use anyhow::{bail, Context};
 use mango_api::admission::{append_agent_events, emit};
 use mango_protocol::WorkData;
@@ -244,9 +244,13 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
     let result = RunnerResult { floor, runner, sdk };
     let metrics = &bench.ctx.metrics;
     println!(
-        "runner: sends admitted by the fenced result path {}, under the Session lock {} (the floor's results, sent with the Workspace key, take the lock)",
-        metrics.fenced_results.load(std::sync::atomic::Ordering::Relaxed),
-        metrics.locked_admissions.load(std::sync::atomic::Ordering::Relaxed)
+        "runner: sends admitted by the fenced result path {}, under the Session lock {}",
+        metrics
+            .fenced_results
+            .load(std::sync::atomic::Ordering::Relaxed),
+        metrics
+            .locked_admissions
+            .load(std::sync::atomic::Ordering::Relaxed)
     );
     let floor = &result.floor;
     println!(
@@ -543,11 +547,15 @@ async fn exited(
 }
 
 /// The floor under any worker: the same script answered by the bench itself,
-/// which reads `agent.tool_use` on a stream of the Session and POSTs the
-/// `user.tool_result` with the Workspace key at once (no process, no shell):
-/// SSE delivery, one HTTP request and its admission.
+/// which claims the Session's Work, reads `agent.tool_use` on a stream of the
+/// Session and POSTs the `user.tool_result` with the item's sessions token at
+/// once (no process, no shell): SSE delivery, one HTTP request and its
+/// admission, the same path a worker's result takes.
 async fn floor(bench: &Bench, api: &Api, agent: &str, opts: &Options) -> anyhow::Result<Side> {
     let session = api.create_session(agent, &bench.env_id).await?;
+    api.send_message(&session, "go").await?;
+    let work = claim(api, &session).await?;
+    let token = sessions_token(work.secret.as_deref().context("Poll returned no secret")?)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
     let reader = admissions(bench, &session, tx);
     let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
@@ -558,6 +566,7 @@ async fn floor(bench: &Bench, api: &Api, agent: &str, opts: &Options) -> anyhow:
     ));
     let responder = {
         let (api, session) = (api.clone(), session.clone());
+        let token = token.clone();
         tokio::spawn(async move {
             while let Some((_, call)) = calls.recv().await {
                 let command = call["input"]["command"].as_str().unwrap_or_default();
@@ -568,7 +577,7 @@ async fn floor(bench: &Bench, api: &Api, agent: &str, opts: &Options) -> anyhow:
                     "content": [{"type": "text", "text": word}],
                     "is_error": false,
                 });
-                api.send_events(&session, vec![result]).await?;
+                api.send_events_as(&session, &token, vec![result]).await?;
             }
             anyhow::Ok(())
         })
