@@ -666,6 +666,62 @@ async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
     assert_eq!(app.count_for("outbox", &s).await, outbox + 1);
 }
 
+/// Fail locks the Session and then updates the Work; a fenced result racing
+/// it must not hold the Work row while it waits for the Session (a deadlock
+/// PostgreSQL would break by failing one of them).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
+    use mango_api::store::sessions::{self, ClaimFence};
+    let app = TestApp::start(db).await;
+    let (s, _tok) = worked_session(&app).await;
+    let call = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+    let (work_id, row_version): (String, i64) = sqlx::query_as(
+        "SELECT id, row_version FROM work WHERE session_id = $1 AND state <> 'stopped'",
+    )
+    .bind(&s)
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    let (session, _) = sessions::peek_with_call(&app.db, &s, &call)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Fail's order: the Session row first …
+    let mut fail = app.db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(&s)
+        .execute(&mut *fail)
+        .await
+        .unwrap();
+    let racing = {
+        let (db, work_id, event) = (app.db.clone(), work_id.clone(), tool_result(&call));
+        tokio::spawn(async move {
+            let fence = ClaimFence {
+                work_id: &work_id,
+                row_version,
+            };
+            fenced_write(&db, session, fence, event).await
+        })
+    };
+    // … (the fenced write is now waiting for it) … then the Work row.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let updated = timeout(
+        Duration::from_secs(5),
+        sqlx::query("UPDATE work SET row_version = row_version + 1 WHERE id = $1")
+            .bind(&work_id)
+            .execute(&mut *fail),
+    )
+    .await
+    .expect("Fail's Work update does not wait for the fenced write");
+    updated.expect("no deadlock");
+    fail.commit().await.unwrap();
+    timeout(Duration::from_secs(5), racing)
+        .await
+        .expect("the fenced write finishes once the Session is free")
+        .expect("no panic, no deadlock error");
+}
+
 // ------------------------------------------------------------------ Fail
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]

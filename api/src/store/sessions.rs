@@ -273,6 +273,12 @@ pub struct ClaimFence<'a> {
 /// row is as `session` shows it (same `last_seq`, same archival) and, with
 /// `claim`, the Work row is unchanged too; `None` when either moved on. A
 /// caller that decided from an unlocked read is fenced on exactly what it read.
+///
+/// The Work row is checked, not locked: Fail locks the Session and then
+/// updates the Work, so a share lock taken here (which PostgreSQL takes
+/// before it waits for the Session row) could deadlock with it. A Stop that
+/// commits while this statement runs can therefore still see one last result
+/// land, as the locking path always could.
 pub async fn append_if_unchanged(
     db: &mut PgConnection,
     session: &mut SessionRow,
@@ -393,7 +399,7 @@ fn build_append_statement(parts: StatementParts) -> String {
              UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
              WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
                AND ($12::text IS NULL
-                    OR EXISTS (SELECT 1 FROM work WHERE id = $12 AND row_version = $13 FOR SHARE))
+                    OR EXISTS (SELECT 1 FROM work WHERE id = $12 AND row_version = $13))
              RETURNING id
          ),
          events AS (
