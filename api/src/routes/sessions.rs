@@ -24,6 +24,7 @@ use axum::{Json, Router};
 use mango_protocol::{codes, time};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -613,74 +614,98 @@ async fn stream(
     let mut conn = ctx.db.acquire().await?;
     let (session, access) = access(&ctx, &mut conn, &headers, &id, "Streaming events").await?;
     // Subscribe before reading the starting point, so nothing committed in between is missed.
-    let mut feed = ctx.events.subscribe(&session.id);
-    let mut last_seq = sessions::last_seq(&mut *conn, &session.id)
+    let feed = ctx.events.subscribe(&session.id);
+    let last_seq = sessions::last_seq(&mut *conn, &session.id)
         .await?
         .unwrap_or(session.last_seq);
     drop(conn);
 
     let ping_every = ctx.settings.stream_ping_interval;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
-    tokio::spawn(async move {
-        let mut recheck = tokio::time::interval(TOKEN_RECHECK);
-        let mut ticks: u64 = 0;
-        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let fed = tokio::select! {
-                fed = feed.recv() => fed,
-                _ = recheck.tick() => {
-                    if let Access::Worker { digest } = &access {
-                        if !token_still_valid(&ctx, digest, &id).await {
-                            break;
-                        }
-                    }
-                    ticks += 1;
-                    if !ticks.is_multiple_of(SAFETY_READ_EVERY_TICKS) {
-                        continue;
-                    }
-                    // Safety net: anything a lost notification held back.
-                    Err(broadcast::error::RecvError::Lagged(0))
-                }
-                _ = tx.closed() => break,
-            };
-            let next = match fed {
-                Ok(event) if event.seq <= last_seq => continue,
-                Ok(event) if event.seq == last_seq + 1 => vec![event],
-                // A gap, a lag or a tick: the database has every event after last_seq.
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    match catch_up(&ctx, &id, last_seq).await {
-                        Some(events) => events,
-                        None => continue,
-                    }
-                }
-                Err(broadcast::error::RecvError::Closed) => break,
-            };
-            for event in next {
-                last_seq = event.seq;
-                let kind = event
-                    .body
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("message")
-                    .to_string();
-                let frame = Event::default().event(kind).data(event.body.to_string());
-                if tx.send(Ok(frame)).await.is_err() {
-                    return;
-                }
-            }
-        }
+    let mut recheck = tokio::time::interval(TOKEN_RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let state = Forwarding {
+        ctx,
+        id,
+        access,
+        feed,
+        last_seq,
+        recheck,
+        ticks: 0,
+        ready: VecDeque::new(),
+    };
+    // Polled by the connection itself: a committed event goes from the feed
+    // to the socket without another task or channel in between.
+    let body = futures::stream::unfold(state, |mut state| async move {
+        let event = state.next().await?;
+        let kind = event
+            .body
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message")
+            .to_string();
+        let frame = Event::default().event(kind).data(event.body.to_string());
+        Some((Ok::<_, Infallible>(frame), state))
     });
-    let body = tokio_stream_from(rx);
     let ping = Event::default().event("ping").data("{}");
     Ok(Sse::new(body)
         .keep_alive(KeepAlive::new().interval(ping_every).event(ping))
         .into_response())
 }
 
-fn tokio_stream_from(
-    mut rx: tokio::sync::mpsc::Receiver<Result<Event, Infallible>>,
-) -> impl futures::Stream<Item = Result<Event, Infallible>> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// One stream's position: the feed it listens to, the last sequence number
+/// it forwarded, and events read from the database but not yet forwarded.
+struct Forwarding {
+    ctx: ApiContext,
+    id: String,
+    access: Access,
+    feed: broadcast::Receiver<sessions::LoggedEvent>,
+    last_seq: i64,
+    recheck: tokio::time::Interval,
+    ticks: u64,
+    ready: VecDeque<sessions::LoggedEvent>,
+}
+
+impl Forwarding {
+    /// The next event to forward, in sequence; `None` ends the stream (the
+    /// sessions token is no longer valid, or the feed closed).
+    async fn next(&mut self) -> Option<sessions::LoggedEvent> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                if event.seq <= self.last_seq {
+                    continue;
+                }
+                self.last_seq = event.seq;
+                return Some(event);
+            }
+            let fed = tokio::select! {
+                fed = self.feed.recv() => fed,
+                _ = self.recheck.tick() => {
+                    if let Access::Worker { digest } = &self.access {
+                        if !token_still_valid(&self.ctx, digest, &self.id).await {
+                            return None;
+                        }
+                    }
+                    self.ticks += 1;
+                    if !self.ticks.is_multiple_of(SAFETY_READ_EVERY_TICKS) {
+                        continue;
+                    }
+                    // Safety net: anything a lost notification held back.
+                    Err(broadcast::error::RecvError::Lagged(0))
+                }
+            };
+            match fed {
+                Ok(event) if event.seq <= self.last_seq => {}
+                Ok(event) if event.seq == self.last_seq + 1 => self.ready.push_back(event),
+                // A gap, a lag or a tick: the database has every event after last_seq.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    if let Some(events) = catch_up(&self.ctx, &self.id, self.last_seq).await {
+                        self.ready.extend(events);
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
 }
 
 /// Every event after `seq`, read from the database (bounded per call; the
