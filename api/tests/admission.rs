@@ -591,7 +591,7 @@ async fn a_workers_first_result_takes_the_fenced_path_and_everything_else_the_lo
 
 async fn fenced_write(
     db: &sqlx::PgPool,
-    mut session: mango_api::store::sessions::SessionRow,
+    mut session: mango_api::store::sessions::LogHead,
     claim: mango_api::store::sessions::ClaimFence<'_>,
     event: Value,
 ) -> Option<Vec<mango_api::store::sessions::LoggedEvent>> {

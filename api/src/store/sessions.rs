@@ -252,13 +252,44 @@ pub async fn append(
     wake_agent_loop: bool,
     now: Timestamp,
 ) -> sqlx::Result<Vec<LoggedEvent>> {
-    let id = session.id.clone();
-    append_if_unchanged(db, session, events, wake_agent_loop, now, None)
+    let mut head = LogHead::of(session);
+    let appended = append_if_unchanged(db, &mut head, events, wake_agent_loop, now, None)
         .await?
         .ok_or_else(|| {
             // The caller holds the row lock, so only a bug gets here.
-            sqlx::Error::Protocol(format!("session {id} changed under its row lock"))
-        })
+            sqlx::Error::Protocol(format!("session {} changed under its row lock", head.id))
+        })?;
+    session.last_seq = head.last_seq;
+    session.status = head.status;
+    session.updated_at = head.updated_at;
+    Ok(appended)
+}
+
+/// The part of a Session an append reads and moves: its log's end, status
+/// and archival (not the frozen agent snapshot, which can be large).
+#[derive(Debug, Clone, FromRow)]
+pub struct LogHead {
+    pub id: String,
+    pub status: String,
+    pub last_seq: i64,
+    pub archived_at: Option<Timestamp>,
+    pub updated_at: Timestamp,
+}
+
+impl LogHead {
+    pub fn of(session: &SessionRow) -> LogHead {
+        LogHead {
+            id: session.id.clone(),
+            status: session.status.clone(),
+            last_seq: session.last_seq,
+            archived_at: session.archived_at,
+            updated_at: session.updated_at,
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        Status::parse(&self.status).expect("status is constrained by the schema")
+    }
 }
 
 /// The Work whose claim a write relied on: it goes through only if the row
@@ -281,7 +312,7 @@ pub struct ClaimFence<'a> {
 /// land, as the locking path always could.
 pub async fn append_if_unchanged(
     db: &mut PgConnection,
-    session: &mut SessionRow,
+    session: &mut LogHead,
     events: Vec<Map<String, Value>>,
     wake_agent_loop: bool,
     now: Timestamp,
@@ -562,7 +593,7 @@ pub async fn tool_call(
 #[derive(FromRow)]
 struct SessionWithCall {
     #[sqlx(flatten)]
-    session: SessionRow,
+    session: LogHead,
     call_kind: Option<String>,
     call_permission: Option<String>,
     call_confirmation: Option<String>,
@@ -576,20 +607,19 @@ pub async fn peek_with_call(
     db: impl PgExecutor<'_>,
     session_id: &str,
     call_id: &str,
-) -> sqlx::Result<Option<(SessionRow, Option<CallRow>)>> {
-    let sql = format!(
-        "SELECT s.{}, c.kind AS call_kind, c.permission AS call_permission,
+) -> sqlx::Result<Option<(LogHead, Option<CallRow>)>> {
+    let row: Option<SessionWithCall> = sqlx::query_as(
+        "SELECT s.id, s.status, s.last_seq, s.archived_at, s.updated_at,
+                c.kind AS call_kind, c.permission AS call_permission,
                 c.confirmation AS call_confirmation, c.answered_by AS call_answered_by,
                 c.thread_id AS call_thread_id
          FROM sessions s LEFT JOIN session_tool_calls c ON c.session_id = s.id AND c.id = $2
          WHERE s.id = $1",
-        COLUMNS.replace(", ", ", s.")
-    );
-    let row: Option<SessionWithCall> = sqlx::query_as(&sql)
-        .bind(session_id)
-        .bind(call_id)
-        .fetch_optional(db)
-        .await?;
+    )
+    .bind(session_id)
+    .bind(call_id)
+    .fetch_optional(db)
+    .await?;
     Ok(row.map(|r| {
         let call = match (r.call_kind, r.call_permission) {
             (Some(kind), Some(permission)) => Some(CallRow {
