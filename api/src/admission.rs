@@ -142,9 +142,8 @@ pub async fn admit_worker_result(
         return Ok(None);
     };
     let event_type = event.get("type").and_then(Value::as_str).unwrap_or("");
-    let (key, kind) = match event_type {
-        "user.tool_result" => ("tool_use_id", CallKind::Tool),
-        "user.custom_tool_result" => ("custom_tool_use_id", CallKind::Custom),
+    let (key, kind) = match call_reference(event_type) {
+        Some(reference) if event_type != "user.tool_confirmation" => reference,
         _ => return Ok(None),
     };
     let call_id = event.get(key).and_then(Value::as_str).unwrap_or_default();
@@ -184,11 +183,17 @@ pub async fn admit_worker_result(
     }))
 }
 
+/// For an event that answers a call: the field naming the call, and the kind of call.
+fn call_reference(event_type: &str) -> Option<(&'static str, CallKind)> {
+    match event_type {
+        "user.tool_result" | "user.tool_confirmation" => Some(("tool_use_id", CallKind::Tool)),
+        "user.custom_tool_result" => Some(("custom_tool_use_id", CallKind::Custom)),
+        _ => None,
+    }
+}
+
 fn answers_a_call(event_type: &str) -> bool {
-    matches!(
-        event_type,
-        "user.tool_result" | "user.custom_tool_result" | "user.tool_confirmation"
-    )
+    call_reference(event_type).is_some()
 }
 
 fn send_refusal(index: usize, why: rules::SendRefusal, session_id: &str) -> ApiError {
@@ -218,10 +223,8 @@ async fn settle_against_tool_call(
     event_type: &str,
     event: &mut Map<String, Value>,
 ) -> ApiResult<Option<Value>> {
-    let (key, kind) = match event_type {
-        "user.tool_result" | "user.tool_confirmation" => ("tool_use_id", CallKind::Tool),
-        "user.custom_tool_result" => ("custom_tool_use_id", CallKind::Custom),
-        _ => return Ok(None),
+    let Some((key, kind)) = call_reference(event_type) else {
+        return Ok(None);
     };
     let call_id = event
         .get(key)
