@@ -609,12 +609,11 @@ async fn fenced_write(
     .unwrap()
 }
 
-#[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
-    use mango_api::store::sessions::{self, ClaimFence};
-    let app = TestApp::start(db).await;
-    let (s, _tok) = worked_session(&app).await;
-    let call = append_one(&app, &s, tool_use(Some("allow"), None)).await;
+/// A Session whose live Work is acknowledged and which has one unanswered
+/// `allow` call: (session, call, the Work's id, its row version).
+async fn open_call_with_live_work(app: &TestApp) -> (String, String, String, i64) {
+    let (s, _tok) = worked_session(app).await;
+    let call = append_one(app, &s, tool_use(Some("allow"), None)).await;
     let (work_id, row_version): (String, i64) = sqlx::query_as(
         "SELECT id, row_version FROM work WHERE session_id = $1 AND state <> 'stopped'",
     )
@@ -622,6 +621,14 @@ async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
     .fetch_one(&app.db)
     .await
     .unwrap();
+    (s, call, work_id, row_version)
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
+    use mango_api::store::sessions::{self, ClaimFence};
+    let app = TestApp::start(db).await;
+    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
     let write = |session, claim| fenced_write(&app.db, session, claim, tool_result(&call));
     let peek = || async {
         sessions::peek_with_call(&app.db, &s, &call)
@@ -673,15 +680,7 @@ async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
 async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
     use mango_api::store::sessions::{self, ClaimFence};
     let app = TestApp::start(db).await;
-    let (s, _tok) = worked_session(&app).await;
-    let call = append_one(&app, &s, tool_use(Some("allow"), None)).await;
-    let (work_id, row_version): (String, i64) = sqlx::query_as(
-        "SELECT id, row_version FROM work WHERE session_id = $1 AND state <> 'stopped'",
-    )
-    .bind(&s)
-    .fetch_one(&app.db)
-    .await
-    .unwrap();
+    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
     let (session, _) = sessions::peek_with_call(&app.db, &s, &call)
         .await
         .unwrap()
