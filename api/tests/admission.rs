@@ -703,8 +703,24 @@ async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
             fenced_write(&db, session, fence, event).await
         })
     };
-    // … (the fenced write is now waiting for it) … then the Work row.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // … (once the fenced write is waiting for it) … then the Work row.
+    timeout(Duration::from_secs(5), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the fenced write waits for the Session row");
     let updated = timeout(
         Duration::from_secs(5),
         sqlx::query("UPDATE work SET row_version = row_version + 1 WHERE id = $1")

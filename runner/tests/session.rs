@@ -171,18 +171,21 @@ async fn a_tool_call_cannot_find_the_token_anywhere_it_can_read(db: sqlx::PgPool
     assert!(status.success());
 }
 
-/// Waits for the item to end (serving the in-process api meanwhile); its exit code and stderr.
-async fn finish(mut child: Child) -> (Option<i32>, String) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-            return (status.code(), err);
-        }
-        assert!(Instant::now() < deadline, "the runner did not finish");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits for the item to end (on a blocking thread, so the in-process api
+/// keeps serving it); its exit code and stderr.
+async fn finish(child: Child) -> (Option<i32>, String) {
+    let waited = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || child.wait_with_output()),
+    )
+    .await
+    .expect("the runner finishes")
+    .unwrap()
+    .unwrap();
+    (
+        waited.status.code(),
+        String::from_utf8_lossy(&waited.stderr).into_owned(),
+    )
 }
 
 /// A pinned input that cannot exist is a permanent input error: the runner
