@@ -125,13 +125,13 @@ pub async fn admit(
 }
 
 /// The hot path of a worker's tool loop: one tool result sent with the
-/// item's sessions token (`work`, just authenticated). Decided by the same
-/// rules as [`admit`], from an unlocked read of the Session and the call, and
-/// written by one statement fenced on what that read saw and on the claim
-/// being unchanged: two round trips instead of a locking transaction's five.
-/// `None` means "take the locking path": anything but a first, acceptable
-/// answer (retries, refusals, a Session or claim that moved on meanwhile)
-/// gets its answer from [`admit`].
+/// item's sessions token (`work`, just authenticated), admitted by one
+/// autocommit statement ([`sessions::answer_open_call`]) that decides by the
+/// same rules as [`admit`], restated in SQL, and is fenced on the Session and
+/// the claim being as it read them: one round trip instead of a locking
+/// transaction's five. `None` means "take the locking path": anything but a
+/// first, acceptable answer (retries, refusals, a Session or claim that moved
+/// on meanwhile) gets its answer from [`admit`].
 pub async fn admit_worker_result(
     db: &mut PgConnection,
     work: &WorkRow,
@@ -146,40 +146,28 @@ pub async fn admit_worker_result(
         Some(reference) if event_type != "user.tool_confirmation" => reference,
         _ => return Ok(None),
     };
-    let call_id = event.get(key).and_then(Value::as_str).unwrap_or_default();
-    let Some((mut session, Some(call))) =
-        sessions::peek_with_call(&mut *db, session_id, call_id).await?
-    else {
+    let Some(call_id) = event.get(key).and_then(Value::as_str) else {
         return Ok(None);
     };
-    let acceptable = session.archived_at.is_none()
-        && rules::may_send(Sender::Worker, event_type, session.status()).is_ok()
-        && rules::admit_result(Some(&call.state()), kind) == Ok(ResultDecision::Accept);
-    if !acceptable {
-        return Ok(None);
-    }
-    let mut event = event.clone();
-    if let Some(thread) = call.thread_id {
-        event.insert("session_thread_id".into(), Value::String(thread));
-    }
     let claim = ClaimFence {
         work_id: &work.id,
         row_version: work.row_version,
     };
     // A result is runnable input and the claim's Work is live: the outbox
     // row wakes the agent loop, and no new activation is needed.
-    let written = sessions::append_if_unchanged(
+    let written = sessions::answer_open_call(
         db,
-        &mut session,
-        vec![event],
-        true,
+        session_id,
+        call_id,
+        kind,
+        event.clone(),
         time::now(),
-        Some(claim),
+        claim,
     )
     .await?;
     Ok(written.map(|appended| Admission {
-        data: appended.iter().map(|e| e.body.clone()).collect(),
-        appended,
+        data: vec![appended.body.clone()],
+        appended: vec![appended],
     }))
 }
 

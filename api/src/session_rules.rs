@@ -151,6 +151,16 @@ pub enum CallKind {
     Custom,
 }
 
+impl CallKind {
+    /// As stored in `session_tool_calls.kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Tool => "tool",
+            CallKind::Custom => "custom",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permission {
     Allow,
@@ -253,6 +263,17 @@ pub fn admit_result(
     }
     Ok(ResultDecision::Accept)
 }
+
+/// [`may_send`] for a worker's result and [`admit_result`] = `Accept`,
+/// restated in SQL over a Session row `s` and its call row `c` for the
+/// one-statement result path (`$3`: the result's call kind, `tool` or
+/// `custom`). The schema constrains every column it reads, and
+/// `tests/admission.rs` checks it against these rules for every combination
+/// of values the schema allows; where it says no, the locking path decides.
+pub const WORKER_RESULT_ACCEPTED_SQL: &str = "s.status <> 'terminated' AND s.archived_at IS NULL
+      AND c.kind = $3 AND c.answered_by IS NULL
+      AND c.permission <> 'deny' AND c.confirmation IS DISTINCT FROM 'deny'
+      AND (c.permission = 'allow' OR c.confirmation = 'allow')";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfirmationDecision {

@@ -589,21 +589,26 @@ async fn a_workers_first_result_takes_the_fenced_path_and_everything_else_the_lo
     assert_eq!(counter(&app, "fenced"), fenced + 2);
 }
 
+/// One worker result through the one-statement path, on `db` (a pool, or a
+/// transaction a test holds open).
 async fn fenced_write(
-    db: &sqlx::PgPool,
-    mut session: mango_api::store::sessions::LogHead,
-    claim: mango_api::store::sessions::ClaimFence<'_>,
-    event: Value,
-) -> Option<Vec<mango_api::store::sessions::LoggedEvent>> {
-    let mut conn = db.acquire().await.unwrap();
-    let event = event.as_object().cloned().expect("an object");
-    mango_api::store::sessions::append_if_unchanged(
-        &mut conn,
-        &mut session,
-        vec![event],
-        true,
+    db: &mut sqlx::PgConnection,
+    session: &str,
+    call: &str,
+    claim: (&str, i64),
+) -> Option<mango_api::store::sessions::LoggedEvent> {
+    let event = tool_result(call).as_object().cloned().expect("an object");
+    mango_api::store::sessions::answer_open_call(
+        db,
+        session,
+        call,
+        mango_api::session_rules::CallKind::Tool,
+        event,
         mango_protocol::time::now(),
-        Some(claim),
+        mango_api::store::sessions::ClaimFence {
+            work_id: claim.0,
+            row_version: claim.1,
+        },
     )
     .await
     .unwrap()
@@ -624,86 +629,8 @@ async fn open_call_with_live_work(app: &TestApp) -> (String, String, String, i64
     (s, call, work_id, row_version)
 }
 
-#[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn a_fenced_write_on_a_stale_read_changes_nothing(db: sqlx::PgPool) {
-    use mango_api::store::sessions::{self, ClaimFence};
-    let app = TestApp::start(db).await;
-    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
-    let write = |session, claim| fenced_write(&app.db, session, claim, tool_result(&call));
-    let peek = || async {
-        sessions::peek_with_call(&app.db, &s, &call)
-            .await
-            .unwrap()
-            .expect("the session")
-            .0
-    };
-    let events = app.count_for("session_events", &s).await;
-    let outbox = app.count_for("outbox", &s).await;
-
-    // The Session moved on after the read: nothing is written.
-    let stale = peek().await;
-    append_one(&app, &s, json!({"type": "agent.message", "content": []})).await;
-    let fence = ClaimFence {
-        work_id: &work_id,
-        row_version,
-    };
-    assert!(write(stale, fence).await.is_none());
-    // The claim moved on (any change bumps its row version): nothing is written.
-    let fresh = peek().await;
-    let moved = ClaimFence {
-        work_id: &work_id,
-        row_version: row_version - 1,
-    };
-    assert!(write(fresh.clone(), moved).await.is_none());
-    let archived = {
-        let mut row = fresh.clone();
-        row.archived_at = Some(mango_protocol::time::now());
-        row
-    };
-    assert!(write(archived, fence).await.is_none());
-    assert_eq!(app.count_for("session_events", &s).await, events + 1);
-    assert_eq!(app.count_for("outbox", &s).await, outbox);
-    let unanswered = answered_by(&app, &s, &call).await;
-    assert!(unanswered.is_none());
-
-    // As read: written, with the call answered and the outbox row.
-    let written = write(fresh, fence).await.expect("an unchanged read writes");
-    assert_eq!(written.len(), 1);
-    assert_eq!(app.count_for("session_events", &s).await, events + 2);
-    assert_eq!(app.count_for("outbox", &s).await, outbox + 1);
-}
-
-/// Fail locks the Session and then updates the Work; a fenced result racing
-/// it must not hold the Work row while it waits for the Session (a deadlock
-/// PostgreSQL would break by failing one of them).
-#[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
-    use mango_api::store::sessions::{self, ClaimFence};
-    let app = TestApp::start(db).await;
-    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
-    let (session, _) = sessions::peek_with_call(&app.db, &s, &call)
-        .await
-        .unwrap()
-        .unwrap();
-
-    // Fail's order: the Session row first …
-    let mut fail = app.db.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
-        .bind(&s)
-        .execute(&mut *fail)
-        .await
-        .unwrap();
-    let racing = {
-        let (db, work_id, event) = (app.db.clone(), work_id.clone(), tool_result(&call));
-        tokio::spawn(async move {
-            let fence = ClaimFence {
-                work_id: &work_id,
-                row_version,
-            };
-            fenced_write(&db, session, fence, event).await
-        })
-    };
-    // … (once the fenced write is waiting for it) … then the Work row.
+/// Until some statement of this database waits for a row lock.
+async fn until_a_lock_wait(app: &TestApp) {
     timeout(Duration::from_secs(5), async {
         loop {
             let waiting: i64 = sqlx::query_scalar(
@@ -720,7 +647,260 @@ async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
         }
     })
     .await
-    .expect("the fenced write waits for the Session row");
+    .expect("a statement waits for a row lock");
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_write_whose_claim_or_session_moved_on_changes_nothing(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
+    let mut conn = app.db.acquire().await.unwrap();
+    let events = app.count_for("session_events", &s).await;
+    let outbox = app.count_for("outbox", &s).await;
+
+    // The claim moved on (any change bumps its row version): nothing is written.
+    let moved = (work_id.as_str(), row_version - 1);
+    assert!(fenced_write(&mut conn, &s, &call, moved).await.is_none());
+    // Nor into an archived Session, nor for a call it does not have.
+    let claim = (work_id.as_str(), row_version);
+    let mut archiving = app.db.begin().await.unwrap();
+    sqlx::query("UPDATE sessions SET archived_at = now() WHERE id = $1")
+        .bind(&s)
+        .execute(&mut *archiving)
+        .await
+        .unwrap();
+    assert!(fenced_write(&mut archiving, &s, &call, claim)
+        .await
+        .is_none());
+    archiving.rollback().await.unwrap();
+    assert!(fenced_write(&mut conn, &s, "sevt_nosuchcall", claim)
+        .await
+        .is_none());
+    assert_eq!(app.count_for("session_events", &s).await, events);
+    assert_eq!(app.count_for("outbox", &s).await, outbox);
+    assert!(answered_by(&app, &s, &call).await.is_none());
+
+    // As it stands: written, with the call answered and the outbox row.
+    let written = fenced_write(&mut conn, &s, &call, claim)
+        .await
+        .expect("an open call with its claim unchanged is answered");
+    assert_eq!(written.seq, last_seq(&app, &s).await);
+    assert_eq!(app.count_for("session_events", &s).await, events + 1);
+    assert_eq!(app.count_for("outbox", &s).await, outbox + 1);
+    assert_eq!(
+        answered_by(&app, &s, &call).await.as_deref(),
+        written.body["id"].as_str()
+    );
+}
+
+/// Two answers racing for one call: the second waits for the first's row
+/// lock, then finds the log head moved past what it read and writes
+/// nothing (its sender then gets the first answer from the locking path).
+/// A commit of anything else in between fences it out the same way.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_write_racing_another_commit_writes_nothing(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    for other in [None, Some(json!({"type": "agent.message", "content": []}))] {
+        let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
+        let events = app.count_for("session_events", &s).await;
+        let mut first = app.db.begin().await.unwrap();
+        match &other {
+            None => {
+                let claim = (work_id.as_str(), row_version);
+                assert!(fenced_write(&mut first, &s, &call, claim).await.is_some());
+            }
+            Some(event) => {
+                let mut session = mango_api::store::sessions::lock(&mut first, &s)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let event = event.as_object().cloned().unwrap();
+                let now = mango_protocol::time::now();
+                mango_api::store::sessions::append(
+                    &mut first,
+                    &mut session,
+                    vec![event],
+                    false,
+                    now,
+                )
+                .await
+                .unwrap();
+            }
+        }
+        let racing = {
+            let (db, s, call, work_id) = (app.db.clone(), s.clone(), call.clone(), work_id.clone());
+            tokio::spawn(async move {
+                let mut conn = db.acquire().await.unwrap();
+                fenced_write(&mut conn, &s, &call, (&work_id, row_version)).await
+            })
+        };
+        until_a_lock_wait(&app).await;
+        first.commit().await.unwrap();
+        let second = timeout(Duration::from_secs(5), racing)
+            .await
+            .expect("the second write finishes once the row is free")
+            .unwrap();
+        assert!(second.is_none(), "fenced out after {other:?}");
+        assert_eq!(app.count_for("session_events", &s).await, events + 1);
+        let answers: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM session_events WHERE session_id = $1 AND body->>'tool_use_id' = $2",
+        )
+        .bind(&s)
+        .bind(&call)
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        assert_eq!(answers, i64::from(other.is_none()));
+    }
+}
+
+/// The one-statement path's SQL guard decides exactly as the rules do, for
+/// every value the schema allows in the columns it reads; where it refuses,
+/// nothing changes (the locking path then answers).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn the_fenced_paths_sql_guard_is_the_rule_for_every_stored_state(db: sqlx::PgPool) {
+    use mango_api::session_rules::{self as rules, CallKind, Permission, ResultDecision, Sender};
+    use mango_api::store::sessions::{answer_open_call, ClaimFence};
+    let app = TestApp::start(db).await;
+    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
+    let statuses = [
+        rules::Status::Idle,
+        rules::Status::Running,
+        rules::Status::Rescheduling,
+        rules::Status::Terminated,
+    ];
+    let permissions = [Permission::Allow, Permission::Ask, Permission::Deny];
+    let confirmations = [None, Some(Permission::Allow), Some(Permission::Deny)];
+    let mut cases = 0;
+    let mut accepted = 0;
+    for status in statuses {
+        for archived in [false, true] {
+            for call_kind in [None, Some(CallKind::Tool), Some(CallKind::Custom)] {
+                for permission in permissions {
+                    for confirmation in confirmations {
+                        for answered in [false, true] {
+                            for result_kind in [CallKind::Tool, CallKind::Custom] {
+                                let call_row = call_kind.map(|kind| rules::ToolCall {
+                                    kind,
+                                    permission,
+                                    confirmation,
+                                    answered_by: answered.then(|| "sevt_earlier".to_string()),
+                                });
+                                let rule = !archived
+                                    && rules::may_send(Sender::Worker, "user.tool_result", status)
+                                        .is_ok()
+                                    && rules::admit_result(call_row.as_ref(), result_kind)
+                                        == Ok(ResultDecision::Accept);
+                                let mut tx = app.db.begin().await.unwrap();
+                                sqlx::query(
+                                    "UPDATE sessions SET status = $2,
+                                         archived_at = CASE WHEN $3 THEN now() END WHERE id = $1",
+                                )
+                                .bind(&s)
+                                .bind(status.as_str())
+                                .bind(archived)
+                                .execute(&mut *tx)
+                                .await
+                                .unwrap();
+                                let stored = match &call_row {
+                                    Some(c) => sqlx::query(
+                                        "UPDATE session_tool_calls SET kind = $3, permission = $4,
+                                             confirmation = $5, answered_by = $6
+                                         WHERE session_id = $1 AND id = $2",
+                                    )
+                                    .bind(&s)
+                                    .bind(&call)
+                                    .bind(c.kind.as_str())
+                                    .bind(c.permission.as_str())
+                                    .bind(c.confirmation.map(Permission::as_str))
+                                    .bind(&c.answered_by),
+                                    None => sqlx::query(
+                                        "DELETE FROM session_tool_calls WHERE session_id = $1 AND id = $2",
+                                    )
+                                    .bind(&s)
+                                    .bind(&call),
+                                };
+                                stored.execute(&mut *tx).await.unwrap();
+                                let before: (i64, i64) = sqlx::query_as(
+                                    "SELECT (SELECT last_seq FROM sessions WHERE id = $1),
+                                            (SELECT count(*) FROM outbox WHERE session_id = $1)",
+                                )
+                                .bind(&s)
+                                .fetch_one(&mut *tx)
+                                .await
+                                .unwrap();
+                                let key = match result_kind {
+                                    CallKind::Tool => "tool_use_id",
+                                    CallKind::Custom => "custom_tool_use_id",
+                                };
+                                let event =
+                                    json!({"type": "user.tool_result", key: call, "content": []});
+                                let written = answer_open_call(
+                                    &mut tx,
+                                    &s,
+                                    &call,
+                                    result_kind,
+                                    event.as_object().cloned().unwrap(),
+                                    mango_protocol::time::now(),
+                                    ClaimFence {
+                                        work_id: &work_id,
+                                        row_version,
+                                    },
+                                )
+                                .await
+                                .unwrap();
+                                let after: (i64, i64) = sqlx::query_as(
+                                    "SELECT (SELECT last_seq FROM sessions WHERE id = $1),
+                                            (SELECT count(*) FROM outbox WHERE session_id = $1)",
+                                )
+                                .bind(&s)
+                                .fetch_one(&mut *tx)
+                                .await
+                                .unwrap();
+                                let case = format!(
+                                    "{status:?} archived={archived} call={call_row:?} result={result_kind:?}"
+                                );
+                                assert_eq!(written.is_some(), rule, "{case}");
+                                let moved = if rule { 1 } else { 0 };
+                                assert_eq!(after, (before.0 + moved, before.1 + moved), "{case}");
+                                tx.rollback().await.unwrap();
+                                cases += 1;
+                                accepted += usize::from(rule);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 4 * 2 * 3 * 3 * 3 * 2 * 2);
+    assert!(accepted > 0 && accepted < cases);
+}
+
+/// Fail locks the Session and then updates the Work; a fenced result racing
+/// it must not hold the Work row while it waits for the Session (a deadlock
+/// PostgreSQL would break by failing one of them).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
+
+    // Fail's order: the Session row first …
+    let mut fail = app.db.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(&s)
+        .execute(&mut *fail)
+        .await
+        .unwrap();
+    let racing = {
+        let (db, s, call, work_id) = (app.db.clone(), s.clone(), call.clone(), work_id.clone());
+        tokio::spawn(async move {
+            let mut conn = db.acquire().await.unwrap();
+            fenced_write(&mut conn, &s, &call, (&work_id, row_version)).await
+        })
+    };
+    // … (once the fenced write is waiting for it) … then the Work row.
+    until_a_lock_wait(&app).await;
     let updated = timeout(
         Duration::from_secs(5),
         sqlx::query("UPDATE work SET row_version = row_version + 1 WHERE id = $1")

@@ -3,7 +3,7 @@
 //! reader that has seen seq N has seen everything before it.
 
 use crate::ids;
-use crate::session_rules::{CallKind, Permission, Status, ToolCall};
+use crate::session_rules::{CallKind, Permission, Status, ToolCall, WORKER_RESULT_ACCEPTED_SQL};
 use mango_protocol::time::{self, Timestamp};
 use serde_json::{json, Map, Value};
 use sqlx::{FromRow, PgConnection, PgExecutor};
@@ -253,7 +253,7 @@ pub async fn append(
     now: Timestamp,
 ) -> sqlx::Result<Vec<LoggedEvent>> {
     let mut head = LogHead::of(session);
-    let appended = append_if_unchanged(db, &mut head, events, wake_agent_loop, now, None)
+    let appended = append_if_unchanged(db, &mut head, events, wake_agent_loop, now)
         .await?
         .ok_or_else(|| {
             // The caller holds the row lock, so only a bug gets here.
@@ -300,23 +300,15 @@ pub struct ClaimFence<'a> {
     pub row_version: i64,
 }
 
-/// [`append`] without the row lock: the statement writes only if the Session
-/// row is as `session` shows it (same `last_seq`, same archival) and, with
-/// `claim`, the Work row is unchanged too; `None` when either moved on. A
-/// caller that decided from an unlocked read is fenced on exactly what it read.
-///
-/// The Work row is checked, not locked: Fail locks the Session and then
-/// updates the Work, so a share lock taken here (which PostgreSQL takes
-/// before it waits for the Session row) could deadlock with it. A Stop that
-/// commits while this statement runs can therefore still see one last result
-/// land, as the locking path always could.
-pub async fn append_if_unchanged(
+/// [`append`]'s statement, fenced on the Session row being as `session`
+/// shows it (same `last_seq`, same archival); `None` if it is not, which
+/// under the row lock only a bug can cause.
+async fn append_if_unchanged(
     db: &mut PgConnection,
     session: &mut LogHead,
     events: Vec<Map<String, Value>>,
     wake_agent_loop: bool,
     now: Timestamp,
-    claim: Option<ClaimFence<'_>>,
 ) -> sqlx::Result<Option<Vec<LoggedEvent>>> {
     let seen_last_seq = session.last_seq;
     let mut last_seq = session.last_seq;
@@ -357,8 +349,6 @@ pub async fn append_if_unchanged(
     .bind(wake_agent_loop)
     .bind(seen_last_seq)
     .bind(session.archived_at)
-    .bind(claim.map(|c| c.work_id))
-    .bind(claim.map(|c| c.row_version))
     .bind(&calls.opened_ids)
     .bind(&calls.opened_kinds)
     .bind(&calls.opened_names)
@@ -390,7 +380,7 @@ pub async fn append_if_unchanged(
 }
 
 /// Which optional parts an append needs; the statement carries only those
-/// (every variant binds the same 22 parameters, so the call site is one).
+/// (every variant binds the same 20 parameters, so the call site is one).
 #[derive(Clone, Copy)]
 struct StatementParts {
     opened: bool,
@@ -422,15 +412,13 @@ fn append_statement(parts: StatementParts) -> &'static str {
 /// Parameters: $1 session, $2–$4 and $6 the events' seqs, ids, types and
 /// bodies, $5 now, $7 the new last_seq, $8 the new status, $9 (unused here:
 /// whether to write the outbox row), $10 the last_seq and $11 the archival
-/// the caller read, $12/$13 the claim's Work id and row version (or NULL),
-/// $14–$18 opened calls, $19/$20 answered calls, $21/$22 confirmations.
+/// the caller read, $12–$16 opened calls, $17/$18 answered calls, $19/$20
+/// confirmations.
 fn build_append_statement(parts: StatementParts) -> String {
     let mut sql = String::from(
         "WITH fence AS (
              UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
              WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
-               AND ($12::text IS NULL
-                    OR EXISTS (SELECT 1 FROM work WHERE id = $12 AND row_version = $13))
              RETURNING id
          ),
          events AS (
@@ -445,7 +433,7 @@ fn build_append_statement(parts: StatementParts) -> String {
          opened AS (
              INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
              SELECT fence.id, c.id, c.kind, c.name, c.thread_id, c.permission
-             FROM fence, UNNEST($14::text[], $15::text[], $16::text[], $17::text[], $18::text[])
+             FROM fence, UNNEST($12::text[], $13::text[], $14::text[], $15::text[], $16::text[])
                   AS c(id, kind, name, thread_id, permission)
          )",
         );
@@ -455,7 +443,7 @@ fn build_append_statement(parts: StatementParts) -> String {
             ",
          answered AS (
              UPDATE session_tool_calls t SET answered_by = a.event_id
-             FROM fence, UNNEST($19::text[], $20::text[]) AS a(call_id, event_id)
+             FROM fence, UNNEST($17::text[], $18::text[]) AS a(call_id, event_id)
              WHERE t.session_id = fence.id AND t.id = a.call_id
          )",
         );
@@ -465,7 +453,7 @@ fn build_append_statement(parts: StatementParts) -> String {
             ",
          confirmed AS (
              UPDATE session_tool_calls t SET confirmation = c.result
-             FROM fence, UNNEST($21::text[], $22::text[]) AS c(call_id, result)
+             FROM fence, UNNEST($19::text[], $20::text[]) AS c(call_id, result)
              WHERE t.session_id = fence.id AND t.id = c.call_id
          )",
         );
@@ -515,16 +503,16 @@ impl ToolCallWrites {
             "agent.tool_use" | "agent.custom_tool_use" => {
                 let (kind, permission) = if event_type == "agent.tool_use" {
                     (
-                        "tool",
+                        CallKind::Tool,
                         Permission::from_event(
                             event.get("evaluated_permission").and_then(Value::as_str),
                         ),
                     )
                 } else {
-                    ("custom", Permission::Allow)
+                    (CallKind::Custom, Permission::Allow)
                 };
                 self.opened_ids.push(event_id.to_string());
-                self.opened_kinds.push(kind.to_string());
+                self.opened_kinds.push(kind.as_str().to_string());
                 self.opened_names.push(field("name").unwrap_or_default());
                 self.opened_threads.push(field("session_thread_id"));
                 self.opened_permissions
@@ -562,7 +550,7 @@ pub struct CallRow {
 impl CallRow {
     pub fn state(&self) -> ToolCall {
         ToolCall {
-            kind: if self.kind == "custom" {
+            kind: if self.kind == CallKind::Custom.as_str() {
                 CallKind::Custom
             } else {
                 CallKind::Tool
@@ -590,48 +578,88 @@ pub async fn tool_call(
     .await
 }
 
-#[derive(FromRow)]
-struct SessionWithCall {
-    #[sqlx(flatten)]
-    session: LogHead,
-    call_kind: Option<String>,
-    call_permission: Option<String>,
-    call_confirmation: Option<String>,
-    call_answered_by: Option<String>,
-    call_thread_id: Option<String>,
-}
-
-/// The Session and one of its tool calls, read without a lock (see
-/// [`append_if_unchanged`] for how a write is fenced on what this saw).
-pub async fn peek_with_call(
-    db: impl PgExecutor<'_>,
+/// A worker's first answer to an open call (`event`, a `user.tool_result`
+/// or `user.custom_tool_result` naming `call_id`), admitted by ONE statement
+/// without the Session lock: it reads the Session and the call, writes only
+/// if [`WORKER_RESULT_ACCEPTED_SQL`] holds and the claim's Work row still has
+/// its version, and moves the log head fenced on the `last_seq` it read, so
+/// a commit that lands in between (another answer, a status change, an
+/// archival) makes it write nothing. What it writes is what [`append`]
+/// writes for the same event: the event (with the call's thread copied in),
+/// the call answered, the log head, the outbox row that wakes the agent loop.
+/// `None`: nothing was written, and the locking path must decide.
+///
+/// The Work row is checked, not locked: Fail locks the Session and then
+/// updates the Work, so a share lock taken here (which PostgreSQL takes
+/// before it waits for the Session row) could deadlock with it. A Stop that
+/// commits while this statement runs can therefore still see one last result
+/// land, as the locking path always could.
+pub async fn answer_open_call(
+    db: &mut PgConnection,
     session_id: &str,
     call_id: &str,
-) -> sqlx::Result<Option<(LogHead, Option<CallRow>)>> {
-    let row: Option<SessionWithCall> = sqlx::query_as(
-        "SELECT s.id, s.status, s.last_seq, s.archived_at, s.updated_at,
-                c.kind AS call_kind, c.permission AS call_permission,
-                c.confirmation AS call_confirmation, c.answered_by AS call_answered_by,
-                c.thread_id AS call_thread_id
-         FROM sessions s LEFT JOIN session_tool_calls c ON c.session_id = s.id AND c.id = $2
-         WHERE s.id = $1",
-    )
-    .bind(session_id)
-    .bind(call_id)
-    .fetch_optional(db)
-    .await?;
-    Ok(row.map(|r| {
-        let call = match (r.call_kind, r.call_permission) {
-            (Some(kind), Some(permission)) => Some(CallRow {
-                kind,
-                permission,
-                confirmation: r.call_confirmation,
-                answered_by: r.call_answered_by,
-                thread_id: r.call_thread_id,
-            }),
-            _ => None,
-        };
-        (r.session, call)
+    kind: CallKind,
+    mut event: Map<String, Value>,
+    now: Timestamp,
+    claim: ClaimFence<'_>,
+) -> sqlx::Result<Option<LoggedEvent>> {
+    static STATEMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH seen AS (
+                 SELECT s.id, s.last_seq, c.thread_id
+                 FROM sessions s JOIN session_tool_calls c ON c.session_id = s.id AND c.id = $2
+                 WHERE s.id = $1 AND {WORKER_RESULT_ACCEPTED_SQL}
+                   AND EXISTS (SELECT 1 FROM work WHERE id = $7 AND row_version = $8)
+             ),
+             fence AS (
+                 UPDATE sessions s SET last_seq = s.last_seq + 1, updated_at = $5
+                 FROM seen
+                 WHERE s.id = seen.id AND s.last_seq = seen.last_seq
+                   AND s.archived_at IS NULL AND s.status <> 'terminated'
+                 RETURNING s.id, s.last_seq, seen.thread_id
+             ),
+             events AS (
+                 INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
+                 SELECT fence.id, fence.last_seq, $4, $6::jsonb->>'type', $5,
+                        CASE WHEN fence.thread_id IS NULL THEN $6::jsonb
+                             ELSE $6::jsonb || jsonb_build_object('session_thread_id', fence.thread_id)
+                        END
+                 FROM fence
+             ),
+             answered AS (
+                 UPDATE session_tool_calls t SET answered_by = $4
+                 FROM fence WHERE t.session_id = fence.id AND t.id = $2
+             ),
+             outbox AS (
+                 INSERT INTO outbox (session_id, last_seq, created_at)
+                 SELECT fence.id, fence.last_seq, $5 FROM fence
+             )
+             SELECT last_seq, thread_id FROM fence"
+        )
+    });
+    let id = ids::new_id("sevt");
+    event.insert("id".into(), Value::String(id.clone()));
+    event.insert("processed_at".into(), Value::String(time::format(&now)));
+    let mut body = Value::Object(event);
+    let written: Option<(i64, Option<String>)> = sqlx::query_as(STATEMENT.as_str())
+        .bind(session_id)
+        .bind(call_id)
+        .bind(kind.as_str())
+        .bind(&id)
+        .bind(now)
+        .bind(&body)
+        .bind(claim.work_id)
+        .bind(claim.row_version)
+        .fetch_optional(db)
+        .await?;
+    Ok(written.map(|(seq, thread)| {
+        if let (Some(thread), Value::Object(fields)) = (thread, &mut body) {
+            fields.insert("session_thread_id".into(), Value::String(thread));
+        }
+        LoggedEvent {
+            seq,
+            body: Arc::new(body),
+        }
     }))
 }
 
