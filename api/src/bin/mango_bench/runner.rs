@@ -15,10 +15,14 @@
 //! /proc; only then is `session.status_terminated` appended and the worker
 //! waited for.
 //!
-//! First, the floor under both: the same script with the bench itself
+//! Alongside, the floor under both: the same script with the bench itself
 //! answering each call over HTTP (no worker process, no shell), i.e. what the
 //! server and the transport cost; the p50 ratio of the totals cannot go
 //! below floor / SDK, so the time above the floor is printed as well.
+//!
+//! All sides are started first and their measured calls are taken in
+//! interleaved blocks: this machine's speed drifts by tens of percent over
+//! minutes, and sides measured one after the other would compare machines.
 
 use crate::events::frame_end;
 use crate::harness::{ms, percentile, sessions_token, Api, Bench};
@@ -204,44 +208,81 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
     let api = bench.api.with_new_client()?;
     let agent = api.create_agent("bench-runner").await?;
 
+    let mut parts = vec![Participant::floor(bench, &api, &agent).await?];
+    parts.push(Participant::worker(bench, &api, &agent, Launch::Runner(&worker)).await?);
+    if let Some(python) = &python {
+        let sdk = Launch::Sdk {
+            python,
+            driver: &driver,
+        };
+        parts.push(Participant::worker(bench, &api, &agent, sdk).await?);
+    }
+    let blocks = BLOCKS.clamp(1, opts.calls.max(1));
     println!(
-        "runner: the floor first: {} warm-up + {} calls, each answered by the bench itself over HTTP (no worker process) ...",
+        "runner: {} warm-up + {} measured sequential `bash echo` round trips (tool_use admitted → tool_result admitted) each, in {blocks} interleaved blocks so every side meets the same machine: {}",
         opts.warmup,
-        opts.calls
+        opts.calls,
+        parts
+            .iter()
+            .map(|p| p.describe())
+            .collect::<Vec<_>>()
+            .join("; ")
     );
-    let floor = floor(bench, &api, &agent, opts).await?;
-    // Its results created Work for that Session; nobody is to poll it.
-    bench.clear_live().await?;
-    println!(
-        "runner: {} item, {} warm-up + {} measured sequential `bash echo` round trips (tool_use admitted → tool_result on the SSE stream) ...",
-        worker.display(),
-        opts.warmup,
-        opts.calls
-    );
-    let runner = side(bench, &api, &agent, opts, Launch::Runner(&worker)).await?;
-    let sdk = match &python {
-        Some(python) => {
-            println!(
-                "runner: the Python SDK's EnvironmentWorker.handle_item() ({}), the same script ...",
-                python.display()
-            );
-            Some(
-                side(
-                    bench,
-                    &api,
-                    &agent,
-                    opts,
-                    Launch::Sdk {
-                        python,
-                        driver: &driver,
-                    },
-                )
-                .await?,
-            )
+    let measured = interleave(bench, &mut parts, opts, blocks).await;
+    let mut sides = Vec::new();
+    let mut failure = measured.err();
+    for part in parts {
+        let label = part.label;
+        match part.finish(bench, failure.is_some()).await {
+            Ok(side) => sides.push(side),
+            Err(err) => {
+                println!("  {label}: {err:#}");
+                failure.get_or_insert(err);
+            }
         }
-        None => None,
+    }
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    let mut sides = sides.into_iter();
+    let floor = sides.next().context("no floor")?;
+    let runner = sides.next().context("no runner")?;
+    let result = RunnerResult {
+        floor,
+        runner,
+        sdk: sides.next(),
     };
-    let result = RunnerResult { floor, runner, sdk };
+    report(bench, &result);
+    Ok(result)
+}
+
+/// Measured calls per side are split into this many blocks, taken in turn
+/// (each block's order rotated), so a machine that speeds up or slows down
+/// during the run weighs on every side alike.
+const BLOCKS: usize = 10;
+
+/// The warm-up (the first call also covers the worker's start), then the
+/// measured calls block by block.
+async fn interleave(
+    bench: &Bench,
+    parts: &mut [Participant],
+    opts: &Options,
+    blocks: usize,
+) -> anyhow::Result<()> {
+    for part in parts.iter_mut() {
+        part.calls(bench, opts.warmup, false).await?;
+    }
+    let n = parts.len();
+    for block in 0..blocks {
+        let size = opts.calls * (block + 1) / blocks - opts.calls * block / blocks;
+        for k in 0..n {
+            parts[(block + k) % n].calls(bench, size, true).await?;
+        }
+    }
+    Ok(())
+}
+
+fn report(bench: &Bench, result: &RunnerResult) {
     let metrics = &bench.ctx.metrics;
     println!(
         "runner: sends admitted by the fenced result path {}, under the Session lock {}",
@@ -285,127 +326,307 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
         }
         _ => println!("runner: ours / SDK: n/a (SDK half skipped)"),
     }
-    Ok(result)
 }
 
 /// An event seen on the stream: when its frame arrived, and the event.
 type Arrival = (Instant, Value);
 
-/// One worker serving one Session's Work through the whole script.
-async fn side(
-    bench: &Bench,
-    api: &Api,
-    agent: &str,
-    opts: &Options,
-    launch: Launch<'_>,
-) -> anyhow::Result<Side> {
-    let label = launch.label();
-    let session = api.create_session(agent, &bench.env_id).await?;
-    api.send_message(&session, "go").await?;
-    let work = claim(api, &session).await?;
-    let secret = work.secret.clone().context("Poll returned no secret")?;
+/// Who answers a side's calls.
+enum Answerer {
+    /// The floor under any worker: the bench itself reads `agent.tool_use`
+    /// on a stream of the Session and POSTs the `user.tool_result` with the
+    /// item's sessions token at once (no process, no shell): SSE delivery,
+    /// one HTTP request and its admission, the path a worker's result takes.
+    Bench {
+        tasks: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    },
+    /// A worker process serving the Session's Work item.
+    Process {
+        child: Box<tokio::process::Child>,
+        pid: u32,
+        program: PathBuf,
+        scratch: Scratch,
+    },
+}
 
-    // Subscribed before the worker starts, so no result can be missed.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
-    let reader = admissions(bench, &session, tx);
+/// One side of the comparison: its Session (Work claimed as a supervisor
+/// would), the subscription that stamps its admissions, and its samples.
+struct Participant {
+    label: &'static str,
+    session: String,
+    answerer: Answerer,
+    admissions: mpsc::UnboundedReceiver<Arrival>,
+    reader: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// Calls appended so far (numbers the echoed words).
+    appended: usize,
+    samples: Vec<f64>,
+    /// Admissions seen before the bench knew which call they belong to, by call id.
+    calls_seen: HashMap<String, Instant>,
+    results_seen: HashMap<String, (Instant, Value)>,
+}
 
-    let scratch = Scratch::new(&format!("{}_{label}", bench.db_name))?;
-    let log = std::fs::File::create(scratch.log())?;
-    let mut command = match &launch {
-        Launch::Runner(worker) => {
-            let mut c = clean_command(worker);
-            c.arg("item")
-                .env("MANGO_BASE_URL", &bench.base)
-                .env("MANGO_WORK_ID", &work.id)
-                .env("MANGO_ENVIRONMENT_ID", &bench.env_id)
-                .env("MANGO_WORK_TYPE", "session")
-                .env("MANGO_SESSION_ID", &session)
-                .env("MANGO_WORKSPACE", scratch.workspace())
-                .stdin(Stdio::piped());
-            c
-        }
-        Launch::Sdk { python, driver } => {
-            let mut c = clean_command(python);
-            c.arg(driver)
-                .env("ANTHROPIC_BASE_URL", &bench.base)
-                .env("ANTHROPIC_WORK_ID", &work.id)
-                .env("ANTHROPIC_ENVIRONMENT_ID", &bench.env_id)
-                .env("ANTHROPIC_SESSION_ID", &session)
-                .env("ANTHROPIC_WORK_SECRET", &secret)
-                .stdin(Stdio::null());
-            c
-        }
-    };
-    let mut child = command
-        .current_dir(scratch.workspace())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting the {label} worker"))?;
-    if let Launch::Runner(_) = launch {
-        let mut stdin = child.stdin.take().context("no stdin")?;
-        stdin.write_all(format!("{secret}\n").as_bytes()).await?;
-        stdin.shutdown().await?;
+impl Participant {
+    /// A Session with one `user.message` whose Work is polled and acked,
+    /// subscribed to before anyone answers, so no admission is missed.
+    async fn open(
+        bench: &Bench,
+        api: &Api,
+        agent: &str,
+        label: &'static str,
+    ) -> anyhow::Result<(Self, mango_protocol::Work)> {
+        let session = api.create_session(agent, &bench.env_id).await?;
+        api.send_message(&session, "go").await?;
+        let work = claim(api, &session).await?;
+        let (tx, rx) = mpsc::unbounded_channel::<Arrival>();
+        let reader = admissions(bench, &session, tx);
+        let part = Participant {
+            label,
+            session,
+            answerer: Answerer::Bench { tasks: Vec::new() },
+            admissions: rx,
+            reader,
+            appended: 0,
+            samples: Vec::with_capacity(1024),
+            calls_seen: HashMap::new(),
+            results_seen: HashMap::new(),
+        };
+        Ok((part, work))
     }
-    let pid = child.id().context("the worker has no pid")?;
 
-    let outcome = script(bench, &session, opts, Some(&mut child), &mut rx, label).await;
-    let outcome = match outcome {
-        Ok(mut samples) => {
-            let rss = proc_status_kib(pid, "VmHWM");
-            let children = children_rss_kib(pid);
-            match rss {
-                Some(kib) => {
-                    let rss_mib = kib as f64 / 1024.0;
-                    let (n, child_kib) = children;
-                    println!(
-                        "  {label}: {} round trips p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; peak RSS (VmHWM) {rss_mib:.2} MiB ({n} child processes, now {:.2} MiB RSS, not counted)",
-                        samples.len(),
-                        percentile(&mut samples, 50.0),
-                        percentile(&mut samples, 99.0),
-                        percentile(&mut samples, 100.0),
-                        child_kib as f64 / 1024.0
-                    );
-                    Ok(Side {
-                        p50_ms: percentile(&mut samples, 50.0),
-                        p99_ms: percentile(&mut samples, 99.0),
-                        rss_mib,
-                    })
+    async fn floor(bench: &Bench, api: &Api, agent: &str) -> anyhow::Result<Self> {
+        let (mut part, work) = Self::open(bench, api, agent, "floor").await?;
+        let secret = work.secret.as_deref().context("Poll returned no secret")?;
+        let token = sessions_token(secret)?;
+        let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
+        let call_reader = tokio::spawn(read_frames(
+            api.open_stream(&part.session).await?,
+            "agent.tool_use",
+            call_tx,
+        ));
+        let responder = {
+            let (api, session) = (api.clone(), part.session.clone());
+            tokio::spawn(async move {
+                while let Some((_, call)) = calls.recv().await {
+                    let command = call["input"]["command"].as_str().unwrap_or_default();
+                    let word = command.strip_prefix("echo ").unwrap_or(command);
+                    let result = json!({
+                        "type": "user.tool_result",
+                        "tool_use_id": call["id"],
+                        "content": [{"type": "text", "text": word}],
+                        "is_error": false,
+                    });
+                    api.send_events_as(&session, &token, vec![result]).await?;
                 }
-                None => Err(anyhow::anyhow!(
-                    "{label}: cannot read VmHWM from /proc/{pid}/status"
-                )),
+                anyhow::Ok(())
+            })
+        };
+        part.answerer = Answerer::Bench {
+            tasks: vec![call_reader, responder],
+        };
+        Ok(part)
+    }
+
+    async fn worker(
+        bench: &Bench,
+        api: &Api,
+        agent: &str,
+        launch: Launch<'_>,
+    ) -> anyhow::Result<Self> {
+        let (mut part, work) = Self::open(bench, api, agent, launch.label()).await?;
+        let secret = work.secret.clone().context("Poll returned no secret")?;
+        let scratch = Scratch::new(&format!("{}_{}", bench.db_name, part.label))?;
+        let log = std::fs::File::create(scratch.log())?;
+        let (mut command, program) = match &launch {
+            Launch::Runner(worker) => {
+                let mut c = clean_command(worker);
+                c.arg("item")
+                    .env("MANGO_BASE_URL", &bench.base)
+                    .env("MANGO_WORK_ID", &work.id)
+                    .env("MANGO_ENVIRONMENT_ID", &bench.env_id)
+                    .env("MANGO_WORK_TYPE", "session")
+                    .env("MANGO_SESSION_ID", &part.session)
+                    .env("MANGO_WORKSPACE", scratch.workspace())
+                    .stdin(Stdio::piped());
+                (c, worker.to_path_buf())
+            }
+            Launch::Sdk { python, driver } => {
+                let mut c = clean_command(python);
+                c.arg(driver)
+                    .env("ANTHROPIC_BASE_URL", &bench.base)
+                    .env("ANTHROPIC_WORK_ID", &work.id)
+                    .env("ANTHROPIC_ENVIRONMENT_ID", &bench.env_id)
+                    .env("ANTHROPIC_SESSION_ID", &part.session)
+                    .env("ANTHROPIC_WORK_SECRET", &secret)
+                    .stdin(Stdio::null());
+                (c, python.to_path_buf())
+            }
+        };
+        let mut child = command
+            .current_dir(scratch.workspace())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting the {} worker", part.label))?;
+        if let Launch::Runner(_) = launch {
+            let mut stdin = child.stdin.take().context("no stdin")?;
+            stdin.write_all(format!("{secret}\n").as_bytes()).await?;
+            stdin.shutdown().await?;
+        }
+        let pid = child.id().context("the worker has no pid")?;
+        part.answerer = Answerer::Process {
+            child: Box::new(child),
+            pid,
+            program,
+            scratch,
+        };
+        Ok(part)
+    }
+
+    fn describe(&self) -> String {
+        match &self.answerer {
+            Answerer::Bench { .. } => "floor (the bench answers over HTTP, no worker)".into(),
+            Answerer::Process { program, .. } => format!("{} ({})", self.label, program.display()),
+        }
+    }
+
+    /// `n` calls, one at a time: append an `agent.tool_use` through the
+    /// agent loop's own path ([`emit`]) and wait for its result; with
+    /// `measured`, keep each round trip (ms).
+    async fn calls(&mut self, bench: &Bench, n: usize, measured: bool) -> anyhow::Result<()> {
+        for _ in 0..n {
+            let i = self.appended;
+            self.appended += 1;
+            let label = self.label;
+            let word = format!("bench-{label}-{i}");
+            let stored = emit(
+                &bench.ctx,
+                &self.session,
+                vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": format!("echo {word}")}, "evaluated_permission": "allow"})],
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("appending agent.tool_use: {e:?}"))?;
+            let call = stored
+                .first()
+                .and_then(|e| e["id"].as_str())
+                .context("the appended tool_use has no id")?
+                .to_string();
+            let limit = if i == 0 { FIRST_RESULT } else { RESULT_TIMEOUT };
+            let deadline = tokio::time::Instant::now() + limit;
+            let (admitted, answered, event) = loop {
+                if let Some(&admitted) = self.calls_seen.get(&call) {
+                    if let Some((answered, event)) = self.results_seen.remove(&call) {
+                        self.calls_seen.remove(&call);
+                        break (admitted, answered, event);
+                    }
+                }
+                let child = match &mut self.answerer {
+                    Answerer::Process { child, .. } => Some(&mut **child),
+                    Answerer::Bench { .. } => None,
+                };
+                tokio::select! {
+                    got = tokio::time::timeout_at(deadline, self.admissions.recv()) => match got {
+                        Ok(Some((at, event))) if event["type"] == "agent.tool_use" => {
+                            let id = event["id"].as_str().unwrap_or_default().to_string();
+                            self.calls_seen.insert(id, at);
+                        }
+                        Ok(Some((at, event))) => {
+                            let id = event["tool_use_id"].as_str().unwrap_or_default().to_string();
+                            self.results_seen.insert(id, (at, event));
+                        }
+                        Ok(None) => bail!("{label}: the Session's feed ended"),
+                        Err(_) => bail!("{label}: no user.tool_result for call {i} ({call}) within {limit:?}"),
+                    },
+                    status = exited(child) => {
+                        bail!("{label}: the worker exited ({}) before answering call {i}", status?);
+                    }
+                }
+            };
+            let text = result_text(&event);
+            if event["is_error"] == true || !text.contains(&word) {
+                bail!("{label}: unexpected result for call {i}: {event}");
+            }
+            if measured {
+                self.samples.push(ms(answered.duration_since(admitted)));
             }
         }
-        Err(err) => Err(err),
-    };
+        Ok(())
+    }
 
-    // Only now does the Session end; the worker should exit on its own.
-    let ended = append_agent_events(
-        &bench.pool,
-        &session,
-        vec![json!({"type": "session.status_terminated"})],
-    )
-    .await;
-    let exit = tokio::time::timeout(EXIT_TIMEOUT, child.wait()).await;
-    reader.abort();
-    match exit {
-        Ok(Ok(status)) if status.success() => {}
-        Ok(Ok(status)) => println!("  warning ({label}): the worker exited with {status}"),
-        Ok(Err(err)) => println!("  warning ({label}): waiting for the worker: {err}"),
-        Err(_) => {
-            println!(
-                "  warning ({label}): the worker did not exit within {EXIT_TIMEOUT:?} of session.status_terminated; killed"
-            );
-            child.kill().await.ok();
+    /// Reads a worker's peak RSS, then ends the Session (a worker should exit
+    /// on its own) and summarises the samples.
+    async fn finish(mut self, bench: &Bench, failed: bool) -> anyhow::Result<Side> {
+        let label = self.label;
+        let rss = match &self.answerer {
+            Answerer::Process { pid, .. } => {
+                let kib = proc_status_kib(*pid, "VmHWM")
+                    .with_context(|| format!("{label}: cannot read VmHWM from /proc/{pid}/status"));
+                Some((kib, children_rss_kib(*pid)))
+            }
+            Answerer::Bench { .. } => None,
+        };
+        let ended = append_agent_events(
+            &bench.pool,
+            &self.session,
+            vec![json!({"type": "session.status_terminated"})],
+        )
+        .await;
+        match &mut self.answerer {
+            Answerer::Bench { tasks } => tasks.iter().for_each(|t| t.abort()),
+            Answerer::Process { child, scratch, .. } => {
+                match tokio::time::timeout(EXIT_TIMEOUT, child.wait()).await {
+                    Ok(Ok(status)) if status.success() => {}
+                    Ok(Ok(status)) => {
+                        println!("  warning ({label}): the worker exited with {status}")
+                    }
+                    Ok(Err(err)) => println!("  warning ({label}): waiting for the worker: {err}"),
+                    Err(_) => {
+                        println!(
+                            "  warning ({label}): the worker did not exit within {EXIT_TIMEOUT:?} of session.status_terminated; killed"
+                        );
+                        child.kill().await.ok();
+                    }
+                }
+                if failed {
+                    print_log_tail(&scratch.log(), label);
+                }
+            }
         }
+        self.reader.abort();
+        ended.map_err(|e| anyhow::anyhow!("terminating the session: {e:?}"))?;
+        let samples = &mut self.samples;
+        if samples.is_empty() {
+            bail!("{label}: no measured round trips");
+        }
+        let (p50, p99, max) = (
+            percentile(samples, 50.0),
+            percentile(samples, 99.0),
+            percentile(samples, 100.0),
+        );
+        let line = format!(
+            "  {label}: {} round trips p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms",
+            samples.len()
+        );
+        let rss_mib = match rss {
+            None => {
+                println!("{line}");
+                0.0
+            }
+            Some((kib, (n, child_kib))) => {
+                let rss_mib = kib? as f64 / 1024.0;
+                println!(
+                    "{line}; peak RSS (VmHWM) {rss_mib:.2} MiB ({n} child processes, now {:.2} MiB RSS, not counted)",
+                    child_kib as f64 / 1024.0
+                );
+                rss_mib
+            }
+        };
+        Ok(Side {
+            p50_ms: p50,
+            p99_ms: p99,
+            rss_mib,
+        })
     }
-    if outcome.is_err() {
-        print_log_tail(&scratch.log(), label);
-    }
-    ended.map_err(|e| anyhow::anyhow!("terminating the session: {e:?}"))?;
-    outcome
 }
 
 /// No inherited environment (so no credential of ours) beyond PATH and HOME.
@@ -440,72 +661,6 @@ async fn claim(api: &Api, session: &str) -> anyhow::Result<mango_protocol::Work>
     }
 }
 
-/// The measured script: warm-up + measured calls, one at a time; returns the
-/// measured round trips in ms.
-async fn script(
-    bench: &Bench,
-    session: &str,
-    opts: &Options,
-    mut child: Option<&mut tokio::process::Child>,
-    rx: &mut mpsc::UnboundedReceiver<Arrival>,
-    label: &str,
-) -> anyhow::Result<Vec<f64>> {
-    let mut samples = Vec::with_capacity(opts.calls);
-    // Admissions seen before the bench knew which call they belong to, by call id.
-    let mut calls_seen: HashMap<String, Instant> = HashMap::new();
-    let mut results_seen: HashMap<String, (Instant, Value)> = HashMap::new();
-    for i in 0..opts.warmup + opts.calls {
-        let word = format!("bench-{label}-{i}");
-        let stored = emit(
-            &bench.ctx,
-            session,
-            vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": format!("echo {word}")}, "evaluated_permission": "allow"})],
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("appending agent.tool_use: {e:?}"))?;
-        let call = stored
-            .first()
-            .and_then(|e| e["id"].as_str())
-            .context("the appended tool_use has no id")?
-            .to_string();
-        let limit = if i == 0 { FIRST_RESULT } else { RESULT_TIMEOUT };
-        let deadline = tokio::time::Instant::now() + limit;
-        let (admitted, answered, event) = loop {
-            if let Some(&admitted) = calls_seen.get(&call) {
-                if let Some((answered, event)) = results_seen.remove(&call) {
-                    calls_seen.remove(&call);
-                    break (admitted, answered, event);
-                }
-            }
-            tokio::select! {
-                got = tokio::time::timeout_at(deadline, rx.recv()) => match got {
-                    Ok(Some((at, event))) if event["type"] == "agent.tool_use" => {
-                        let id = event["id"].as_str().unwrap_or_default().to_string();
-                        calls_seen.insert(id, at);
-                    }
-                    Ok(Some((at, event))) => {
-                        let id = event["tool_use_id"].as_str().unwrap_or_default().to_string();
-                        results_seen.insert(id, (at, event));
-                    }
-                    Ok(None) => bail!("{label}: the Session's feed ended"),
-                    Err(_) => bail!("{label}: no user.tool_result for call {i} ({call}) within {limit:?}"),
-                },
-                status = exited(&mut child) => {
-                    bail!("{label}: the worker exited ({}) before answering call {i}", status?);
-                }
-            }
-        };
-        let text = result_text(&event);
-        if event["is_error"] == true || !text.contains(&word) {
-            bail!("{label}: unexpected result for call {i}: {event}");
-        }
-        if i >= opts.warmup {
-            samples.push(ms(answered.duration_since(admitted)));
-        }
-    }
-    Ok(samples)
-}
-
 /// Every `agent.tool_use` and `user.tool_result` of `session`, stamped when
 /// the api publishes its commit to the Session's streams (in-process).
 /// Subscribed before it returns, so nothing admitted afterwards is missed.
@@ -538,69 +693,12 @@ fn admissions(
 
 /// The worker's exit, or never when there is no worker process.
 async fn exited(
-    child: &mut Option<&mut tokio::process::Child>,
+    child: Option<&mut tokio::process::Child>,
 ) -> std::io::Result<std::process::ExitStatus> {
     match child {
         Some(child) => child.wait().await,
         None => std::future::pending().await,
     }
-}
-
-/// The floor under any worker: the same script answered by the bench itself,
-/// which claims the Session's Work, reads `agent.tool_use` on a stream of the
-/// Session and POSTs the `user.tool_result` with the item's sessions token at
-/// once (no process, no shell): SSE delivery, one HTTP request and its
-/// admission, the same path a worker's result takes.
-async fn floor(bench: &Bench, api: &Api, agent: &str, opts: &Options) -> anyhow::Result<Side> {
-    let session = api.create_session(agent, &bench.env_id).await?;
-    api.send_message(&session, "go").await?;
-    let work = claim(api, &session).await?;
-    let token = sessions_token(work.secret.as_deref().context("Poll returned no secret")?)?;
-    let (tx, mut rx) = mpsc::unbounded_channel::<Arrival>();
-    let reader = admissions(bench, &session, tx);
-    let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
-    let call_reader = tokio::spawn(read_frames(
-        api.open_stream(&session).await?,
-        "agent.tool_use",
-        call_tx,
-    ));
-    let responder = {
-        let (api, session) = (api.clone(), session.clone());
-        let token = token.clone();
-        tokio::spawn(async move {
-            while let Some((_, call)) = calls.recv().await {
-                let command = call["input"]["command"].as_str().unwrap_or_default();
-                let word = command.strip_prefix("echo ").unwrap_or(command);
-                let result = json!({
-                    "type": "user.tool_result",
-                    "tool_use_id": call["id"],
-                    "content": [{"type": "text", "text": word}],
-                    "is_error": false,
-                });
-                api.send_events_as(&session, &token, vec![result]).await?;
-            }
-            anyhow::Ok(())
-        })
-    };
-    let outcome = script(bench, &session, opts, None, &mut rx, "floor").await;
-    for task in [reader, call_reader] {
-        task.abort();
-    }
-    responder.abort();
-    let mut samples = outcome?;
-    let side = Side {
-        p50_ms: percentile(&mut samples, 50.0),
-        p99_ms: percentile(&mut samples, 99.0),
-        rss_mib: 0.0,
-    };
-    println!(
-        "  floor: {} round trips p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        samples.len(),
-        side.p50_ms,
-        side.p99_ms,
-        percentile(&mut samples, 100.0)
-    );
-    Ok(side)
 }
 
 fn result_text(event: &Value) -> String {
