@@ -331,7 +331,7 @@ async fn earlier_confirmation(
 /// streams of the Session get them at once; other replicas' by notification.
 pub async fn emit(ctx: &ApiContext, session_id: &str, events: Vec<Value>) -> ApiResult<Vec<Value>> {
     let stored = append_logged(&ctx.db, session_id, events).await?;
-    ctx.events.publish(session_id, &stored);
+    ctx.committed(session_id, &stored, false);
     Ok(stored
         .into_iter()
         .map(|e| Arc::unwrap_or_clone(e.body))

@@ -414,6 +414,6 @@ async fn commit_reply(
         stored.extend(idle);
     }
     tx.commit().await?;
-    ctx.events.publish(session_id, &stored);
+    ctx.committed(session_id, &stored, false);
     Ok(())
 }

@@ -65,6 +65,12 @@ pub struct ApiContext {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Wakes the agent loop when an outbox row commits.
     pub agent_wake: Arc<tokio::sync::Notify>,
+    /// This process's name in the `listeners` registry (see
+    /// [`crate::db::as_api_process`]); `None` when the pool has none.
+    pub process: Option<Arc<str>>,
+    /// Whether the LISTEN connection is up (and registered): until it is,
+    /// commits of other processes may go unnoticed for a second.
+    pub listening: Arc<tokio::sync::watch::Sender<bool>>,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
     recent_keys: Arc<Mutex<KeyLookups>>,
     recent_claims: Arc<Mutex<ClaimLookups>>,
@@ -78,6 +84,8 @@ impl ApiContext {
     pub fn new(db: PgPool, settings: Settings) -> Self {
         ApiContext {
             events: Arc::new(crate::feed::SessionFeeds::new(db.clone())),
+            process: crate::db::api_process(&db).map(Arc::from),
+            listening: Arc::new(tokio::sync::watch::channel(false).0),
             db,
             settings: Arc::new(settings),
             wake: Arc::default(),
@@ -86,6 +94,29 @@ impl ApiContext {
             sightings: Arc::default(),
             recent_keys: Arc::default(),
             recent_claims: Arc::default(),
+        }
+    }
+
+    /// Resolves once the LISTEN connection is up: a server started for a
+    /// test is ready for wake-ups and cross-process events from then on.
+    pub async fn until_listening(&self) {
+        let mut listening = self.listening.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = listening.wait_for(|up| *up).await;
+    }
+
+    /// Hands events this process committed to its own consumers: the
+    /// Session's streams and, when the commit wrote an outbox row, the agent
+    /// loop. Other processes learn of the commit by notification.
+    pub fn committed(
+        &self,
+        session_id: &str,
+        events: &[crate::store::sessions::LoggedEvent],
+        outbox: bool,
+    ) {
+        self.events.publish(session_id, events);
+        if outbox {
+            self.agent_wake.notify_waiters();
         }
     }
 

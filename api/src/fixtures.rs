@@ -26,7 +26,13 @@ impl LiveApi {
             .expect("a loopback port");
         let base = format!("http://{}", listener.local_addr().expect("bound"));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let ctx = ApiContext::new(db.clone(), settings);
+        // The server runs as `mango serve` does, as a named api process; the
+        // test's own pool (`db`) writes as another process would.
+        let pool = crate::db::api_pool(&db, 16)
+            .await
+            .expect("an api pool on the test database");
+        let ctx = ApiContext::new(pool, settings);
+        let ready = ctx.clone();
         tokio::spawn(async move {
             let _ = server::serve(ctx, listener, async {
                 let _ = rx.await;
@@ -57,8 +63,7 @@ impl LiveApi {
         )
         .await
         .expect("an Environment key");
-        // Let the LISTEN connection come up before a test relies on wake-ups.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        ready.until_listening().await;
         LiveApi {
             base,
             db,

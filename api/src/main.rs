@@ -141,6 +141,19 @@ async fn connect(db: &Database) -> anyhow::Result<PgPool> {
         .context("could not connect to MANGO_DATABASE_URL")
 }
 
+/// [`connect`] for the server: its connections carry the process's name
+/// (see `mango_api::db::as_api_process`).
+async fn connect_as_api(db: &Database) -> anyhow::Result<PgPool> {
+    let options: sqlx::postgres::PgConnectOptions = db
+        .database_url
+        .parse()
+        .context("MANGO_DATABASE_URL is not a PostgreSQL URL")?;
+    mango_api::db::pool_options(db.db_max_connections)
+        .connect_with(mango_api::db::as_api_process(options))
+        .await
+        .context("could not connect to MANGO_DATABASE_URL")
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -179,7 +192,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             model_api_key,
         } => {
             init_logging("info");
-            let pool = connect(&db).await?;
+            let pool = connect_as_api(&db).await?;
             if !no_migrate {
                 MIGRATOR.run(&pool).await.context("migration failed")?;
             }

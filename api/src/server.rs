@@ -37,12 +37,7 @@ pub async fn serve(
 /// loop; all are per process and safe to run on every replica.
 pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = vec![
-        tokio::spawn(wake::listen(
-            ctx.db.clone(),
-            ctx.wake.clone(),
-            ctx.events.clone(),
-            ctx.agent_wake.clone(),
-        )),
+        tokio::spawn(wake::listen(ctx.clone())),
         tokio::spawn(sweep_forever(ctx.clone())),
     ];
     match &ctx.settings.model_base_url {
@@ -84,6 +79,12 @@ pub async fn sweep_once(ctx: &ApiContext) -> sqlx::Result<usize> {
         {
             moved += 1;
             crate::metrics::Metrics::count(&ctx.metrics.swept);
+            if next.kind == crate::lease::Kind::Session
+                && next.state == mango_protocol::WorkState::Stopped
+            {
+                // It may have left input for a new activation (an outbox row).
+                ctx.agent_wake.notify_waiters();
+            }
         }
     }
     work::forget_old_workers(&ctx.db, now).await?;

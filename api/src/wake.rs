@@ -3,8 +3,8 @@
 //! A notification is only a hint: a woken poller always re-queries, and a
 //! listener reconnect wakes everyone because notifications may have been lost.
 
+use crate::ApiContext;
 use sqlx::postgres::PgListener;
-use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,22 +55,18 @@ impl WakeHub {
     }
 }
 
-/// Runs until the process exits, reconnecting with back-off.
-pub async fn listen(
-    pool: PgPool,
-    hub: Arc<WakeHub>,
-    events: Arc<crate::feed::SessionFeeds>,
-    agent: Arc<Notify>,
-) {
+/// Runs until the process exits, reconnecting with back-off. Once it
+/// listens, it registers the process (if it has a name) so that other
+/// processes keep notifying it and its own commits need not.
+pub async fn listen(ctx: ApiContext) {
+    let (hub, events, agent) = (&ctx.wake, &ctx.events, &ctx.agent_wake);
     let mut backoff = Duration::from_millis(100);
     loop {
-        match PgListener::connect_with(&pool).await {
-            Ok(mut listener) => match listener
-                .listen_all([CHANNEL, EVENTS_CHANNEL, OUTBOX_CHANNEL])
-                .await
-            {
+        match PgListener::connect_with(&ctx.db).await {
+            Ok(mut listener) => match subscribe(&mut listener, ctx.process.as_deref()).await {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
+                    ctx.listening.send_replace(true);
                     hub.wake_all();
                     events.wake_all();
                     loop {
@@ -83,8 +79,16 @@ pub async fn listen(
                             Ok(Some(n)) if n.channel() == OUTBOX_CHANNEL => agent.notify_waiters(),
                             Ok(Some(n)) => hub.wake(n.payload()),
                             Ok(None) => {
-                                // Connection dropped and was re-established; anything may have been missed.
+                                // Connection dropped and was re-established
+                                // (unregistered, so others notify regardless);
+                                // anything may have been missed.
                                 tracing::warn!("work listener reconnected");
+                                if let Err(err) =
+                                    subscribe(&mut listener, ctx.process.as_deref()).await
+                                {
+                                    tracing::warn!(error = %err, "listener could not register again");
+                                    break;
+                                }
                                 hub.wake_all();
                                 events.wake_all();
                             }
@@ -99,9 +103,33 @@ pub async fn listen(
             },
             Err(err) => tracing::warn!(error = %err, "work listener could not connect"),
         }
+        ctx.listening.send_replace(false);
         hub.wake_all();
         events.wake_all();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// LISTENs, then registers `process` under this connection's backend,
+/// clearing registrations whose backend is gone.
+async fn subscribe(listener: &mut PgListener, process: Option<&str>) -> sqlx::Result<()> {
+    listener
+        .listen_all([CHANNEL, EVENTS_CHANNEL, OUTBOX_CHANNEL])
+        .await?;
+    if let Some(process) = process {
+        sqlx::query(
+            "WITH gone AS (
+                 DELETE FROM listeners
+                 WHERE process <> $1
+                   AND backend_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL)
+             )
+             INSERT INTO listeners (process, backend_pid) VALUES ($1, pg_backend_pid())
+             ON CONFLICT (process) DO UPDATE SET backend_pid = EXCLUDED.backend_pid, registered_at = now()",
+        )
+        .bind(process)
+        .execute(&mut *listener)
+        .await?;
+    }
+    Ok(())
 }

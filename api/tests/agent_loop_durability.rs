@@ -40,11 +40,13 @@ async fn replica(db: &PgPool, model: &ScriptedModel) -> TestApp {
 /// Stops a replica as a crash would: its server and background tasks end and
 /// its database connections close.
 async fn kill(app: TestApp) {
-    let pool = app.db.clone();
+    let pools = [app.ctx.db.clone(), app.db.clone()];
     drop(app);
-    tokio::time::timeout(Duration::from_secs(10), pool.close())
-        .await
-        .expect("the replica's connections close");
+    for pool in pools {
+        tokio::time::timeout(Duration::from_secs(10), pool.close())
+            .await
+            .expect("the replica's connections close");
+    }
 }
 
 async fn until_requests(model: &ScriptedModel, n: usize) {

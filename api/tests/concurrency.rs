@@ -927,6 +927,7 @@ async fn long_poll_wake_ups_cross_replicas(db: PgPool) {
     let pool = bigger_pool(&db, 16).await;
     let app = TestApp::start(pool.clone()).await;
     let ctx_b = ApiContext::new(pool.clone(), Settings::default());
+    let b_listening = ctx_b.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base_b = format!("http://{}", listener.local_addr().unwrap());
     let (stop_b, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -937,8 +938,7 @@ async fn long_poll_wake_ups_cross_replicas(db: PgPool) {
         .await
         .unwrap();
     });
-    // Let replica B's LISTEN connection come up.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    b_listening.until_listening().await;
     let base_a = app.base.clone();
     let poll_path = app.work_path("/poll?block_ms=999");
     let create = |base: String| {

@@ -256,8 +256,10 @@ async fn create(
     // The Session and its initial input (and so its first Work) commit together.
     let mut tx = ctx.db.begin().await?;
     let mut session = sessions::insert(&mut *tx, &row).await?;
-    if !initial.is_empty() {
-        admission::admit(
+    let admitted = if initial.is_empty() {
+        None
+    } else {
+        let admission = admission::admit(
             &mut tx,
             &mut session,
             false,
@@ -266,8 +268,16 @@ async fn create(
             &ctx.settings,
         )
         .await?;
-    }
+        Some(admission)
+    };
     tx.commit().await?;
+    if let Some(admitted) = admitted {
+        ctx.committed(
+            &session.id,
+            &admitted.appended,
+            !admitted.appended.is_empty(),
+        );
+    }
     Ok(Json(session.render()).into_response())
 }
 
@@ -598,7 +608,9 @@ fn admitted_reply(
     } else {
         &ctx.metrics.locked_admissions
     });
-    ctx.events.publish(session_id, &admitted.appended);
+    // Whatever an admission appends, its last write carries the outbox row.
+    let outbox = !admitted.appended.is_empty();
+    ctx.committed(session_id, &admitted.appended, outbox);
     Json(json!({ "data": admitted.data })).into_response()
 }
 

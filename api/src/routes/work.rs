@@ -150,6 +150,15 @@ async fn transition<T>(
     ))
 }
 
+/// A Session's Work that stopped with input waiting got an outbox row (see
+/// migration `…_stopped_session_work_wakes_the_loop`) for a new activation:
+/// this process's agent loop looks now; other processes are notified.
+fn wake_loop_if_stopped(ctx: &ApiContext, lease: &Lease) {
+    if lease.kind == Kind::Session && lease.state == mango_protocol::WorkState::Stopped {
+        ctx.agent_wake.notify_waiters();
+    }
+}
+
 fn respond(row: &WorkRow, lease: &Lease) -> Response {
     Json(row.render(lease, None)).into_response()
 }
@@ -504,6 +513,7 @@ async fn heartbeat(
         Metrics::count(&ctx.metrics.heartbeat_precondition_failures);
     }
     let (_, lease, beat) = beat?;
+    wake_loop_if_stopped(&ctx, &lease);
     Metrics::count(&ctx.metrics.heartbeats);
     Ok(Json(HeartbeatResponse {
         kind: "work_heartbeat".into(),
@@ -553,7 +563,8 @@ async fn stop(
         Principal::Workspace(key) => {
             environment_of(&mut conn, &key, &env).await?;
             let row = work_of(&mut conn, &env, &id).await?;
-            transition(&mut conn, row, Fence::Operator, rule(false)).await?;
+            let (_, lease, ()) = transition(&mut conn, row, Fence::Operator, rule(false)).await?;
+            wake_loop_if_stopped(&ctx, &lease);
         }
         other => {
             let row = other.token_for(&env, &id, "Stop")?;
@@ -561,7 +572,9 @@ async fn stop(
                 .token_sha256
                 .clone()
                 .expect("a token principal has a token");
-            transition(&mut conn, row, Fence::Token(&digest), rule(true)).await?;
+            let (_, lease, ()) =
+                transition(&mut conn, row, Fence::Token(&digest), rule(true)).await?;
+            wake_loop_if_stopped(&ctx, &lease);
         }
     }
     Metrics::count(&ctx.metrics.stops);
@@ -685,9 +698,13 @@ async fn fail(
             .into_iter()
             .filter_map(|e| e.as_object().cloned())
             .collect();
-        sessions::append(&mut tx, session, events, false, time::now()).await?;
+        let appended = sessions::append(&mut tx, session, events, false, time::now()).await?;
+        tx.commit().await?;
+        ctx.committed(&session.id, &appended, false);
+    } else {
+        tx.commit().await?;
     }
-    tx.commit().await?;
+    wake_loop_if_stopped(&ctx, &lease);
     Metrics::count(&ctx.metrics.fails);
     Ok(respond(&row, &lease))
 }

@@ -90,7 +90,10 @@ impl TestApp {
     }
 
     pub async fn start_with(db: PgPool, settings: Settings) -> TestApp {
-        let ctx = ApiContext::new(db.clone(), settings);
+        // The server runs as `mango serve` does, as a named api process; the
+        // test's own pool (`db`) writes as another process would.
+        let pool = mango_api::db::api_pool(&db, 16).await.unwrap();
+        let ctx = ApiContext::new(pool, settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -124,8 +127,7 @@ impl TestApp {
         let (key, secret) = app.environment_key(&app.env_id.clone()).await;
         app.env_key = secret;
         app.env_key_id = key;
-        // Let the LISTEN connection come up before tests rely on wake-ups.
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        app.ctx.until_listening().await;
         app
     }
 

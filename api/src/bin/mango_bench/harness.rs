@@ -134,7 +134,9 @@ impl Bench {
     ) -> anyhow::Result<Bench> {
         // Exactly as `mango serve` builds its pool.
         let pool = mango_api::db::pool_options(max_connections)
-            .connect_with(admin.clone().database(&db_name))
+            .connect_with(mango_api::db::as_api_process(
+                admin.clone().database(&db_name),
+            ))
             .await
             .with_context(|| format!("could not connect to {db_name}"))?;
         MIGRATOR.run(&pool).await.context("migration failed")?;
@@ -176,8 +178,8 @@ impl Bench {
         )
         .await
         .context("creating the Environment key")?;
-        // Let the LISTEN connection come up before anything relies on wake-ups.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The LISTEN connection is up before anything relies on wake-ups.
+        ctx.until_listening().await;
         let client_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(CLIENT_THREAD)

@@ -27,7 +27,7 @@
 use crate::events::frame_end;
 use crate::harness::{ms, percentile, sessions_token, Api, Bench};
 use anyhow::{bail, Context};
-use mango_api::admission::{append_agent_events, emit};
+use mango_api::admission::emit;
 use mango_protocol::WorkData;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -565,8 +565,8 @@ impl Participant {
             }
             Answerer::Bench { .. } => None,
         };
-        let ended = append_agent_events(
-            &bench.pool,
+        let ended = emit(
+            &bench.ctx,
             &self.session,
             vec![json!({"type": "session.status_terminated"})],
         )

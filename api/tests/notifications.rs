@@ -1,0 +1,191 @@
+//! Notifications only where another process needs them: an api process hands
+//! its own commits to its streams and agent loop in-process, so a commit
+//! notifies (`mango_events`, `mango_outbox`) unless the committing process is
+//! the only one registered in `listeners`. Writers that are not a registered
+//! api process, and every process once a second one registers, notify.
+
+mod common;
+use common::*;
+
+use mango_api::admission::append_agent_events;
+use mango_api::{server, ApiContext, Settings};
+use serde_json::json;
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use std::time::Duration;
+use tokio::time::timeout;
+
+/// `notification_wanted()` as a connection named `writer` sees it, with `registered` in the registry.
+async fn wanted(db: &PgPool, writer: &str, registered: &[&str]) -> bool {
+    let mut tx = db.begin().await.unwrap();
+    sqlx::query("SELECT set_config('application_name', $1, true)")
+        .bind(writer)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    for process in registered {
+        sqlx::query("INSERT INTO listeners (process, backend_pid) VALUES ($1, 0)")
+            .bind(process)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    let (wanted,): (bool,) = sqlx::query_as("SELECT notification_wanted()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    wanted
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_commit_notifies_unless_its_process_is_the_only_one_registered(db: PgPool) {
+    let (a, b) = ("mango-api proc_a", "mango-api proc_b");
+    assert!(wanted(&db, a, &[]).await, "nobody registered: notify");
+    assert!(!wanted(&db, a, &[a]).await, "alone: skip");
+    assert!(wanted(&db, a, &[a, b]).await, "another process: notify");
+    assert!(wanted(&db, a, &[b]).await, "not registered itself: notify");
+    assert!(wanted(&db, "", &[a]).await, "an unnamed writer: notify");
+    assert!(wanted(&db, "psql", &[a]).await, "another client: notify");
+}
+
+/// The first `mango_events` notification `listener` receives.
+async fn next_event_notification(listener: &mut PgListener) -> String {
+    timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification within 5 s")
+        .unwrap()
+        .payload()
+        .to_string()
+}
+
+async fn last_seq(db: &PgPool, session: &str) -> i64 {
+    sqlx::query_scalar("SELECT last_seq FROM sessions WHERE id = $1")
+        .bind(session)
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_process_alone_delivers_its_own_commits_without_notifying(db: PgPool) {
+    let app = TestApp::start(db).await;
+    let registered: Vec<(String, i32)> =
+        sqlx::query_as("SELECT process, backend_pid FROM listeners")
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(registered.len(), 1, "{registered:?}");
+    assert_eq!(Some(registered[0].0.as_str()), app.ctx.process.as_deref());
+
+    // An observer that is not registered sees what the database sends.
+    let mut observer = PgListener::connect_with(&app.db).await.unwrap();
+    observer.listen("mango_events").await.unwrap();
+    let s = app.create_session().await;
+    let mut stream = SseReader::new(app.open_stream(&s, &app.ws_key).await);
+
+    // The api's own admission: no notification, yet its stream has it at once.
+    app.send(&s, json!([user_message("hello")]))
+        .await
+        .expect(200);
+    let first = stream.next_event().await.expect("the admitted message");
+    assert_eq!(first.json()["type"], "user.message");
+    // A write by another client (the test's own pool) notifies.
+    append_agent_events(
+        &app.db,
+        &s,
+        vec![json!({"type": "agent.message", "content": []})],
+    )
+    .await
+    .unwrap();
+    let seq = last_seq(&app.db, &s).await;
+    assert_eq!(
+        next_event_notification(&mut observer).await,
+        format!("{s} {seq}"),
+        "the first notification is the other client's commit: the api's own sent none"
+    );
+    let second = stream.next_event().await.expect("the other client's event");
+    assert_eq!(second.json()["type"], "agent.message");
+}
+
+/// Starts a second api process on the database: its context and a stop handle.
+async fn second_process(db: &PgPool) -> (ApiContext, tokio::sync::oneshot::Sender<()>) {
+    let pool = mango_api::db::api_pool(db, 4).await.unwrap();
+    let ctx = ApiContext::new(pool, Settings::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = ctx.clone();
+    tokio::spawn(async move {
+        let _ = server::serve(serving, listener, async {
+            let _ = stopped.await;
+        })
+        .await;
+    });
+    ctx.until_listening().await;
+    (ctx, stop)
+}
+
+async fn registered(db: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT process FROM listeners ORDER BY process")
+        .fetch_all(db)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
+    let app = TestApp::start(db).await;
+    let (b, stop_b) = second_process(&app.db).await;
+    let mut expected = vec![
+        app.ctx.process.as_deref().unwrap().to_string(),
+        b.process.as_deref().unwrap().to_string(),
+    ];
+    expected.sort();
+    assert_eq!(registered(&app.db).await, expected);
+
+    let mut observer = PgListener::connect_with(&app.db).await.unwrap();
+    observer.listen("mango_events").await.unwrap();
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("hello")]))
+        .await
+        .expect(200);
+    let seq = last_seq(&app.db, &s).await;
+    assert_eq!(
+        next_event_notification(&mut observer).await,
+        format!("{s} {seq}")
+    );
+
+    // B exits: its row stays (its commits' readers are gone, so notifying
+    // costs only a little) until a process registers and clears it.
+    let (b_pid,): (i32,) = sqlx::query_as("SELECT backend_pid FROM listeners WHERE process = $1")
+        .bind(b.process.as_deref())
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+    drop(stop_b);
+    b.db.close().await;
+    timeout(Duration::from_secs(5), async {
+        loop {
+            let alive: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                    .bind(b_pid)
+                    .fetch_one(&app.db)
+                    .await
+                    .unwrap();
+            if !alive {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("B's LISTEN connection ends with it");
+    assert_eq!(registered(&app.db).await.len(), 2, "B's row outlives it");
+    let (c, _stop_c) = second_process(&app.db).await;
+    let mut expected = vec![
+        app.ctx.process.as_deref().unwrap().to_string(),
+        c.process.as_deref().unwrap().to_string(),
+    ];
+    expected.sort();
+    assert_eq!(registered(&app.db).await, expected, "B's row was cleared");
+}
