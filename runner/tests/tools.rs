@@ -674,6 +674,42 @@ async fn bash_nonzero_exit_and_exit_builtin() {
     ts.shutdown().await;
 }
 
+/// A command that moves the shell's own output (`exec >log 2>&1`) ends at
+/// once, and the same shell carries on with the redirection in place.
+#[tokio::test]
+async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
+    let (_d, root, mut ts) = setup();
+    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
+    let pid = text(&o);
+    let start = Instant::now();
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "exec >out.log 2>&1; echo hidden; echo oops >&2", "timeout_ms": 20000}),
+    )
+    .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(!o.is_error, "{}", text(&o));
+    assert_eq!(text(&o), "(no output)");
+    let log = std::fs::read_to_string(root.join("out.log")).unwrap();
+    assert_eq!(log, "hidden\noops\n");
+    // Still the same shell; its output still goes where it was sent.
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "echo later; echo $$ >/dev/tty"}),
+    )
+    .await;
+    assert_eq!(text(&o), pid);
+    let log = std::fs::read_to_string(root.join("out.log")).unwrap();
+    assert_eq!(log, "hidden\noops\nlater\n");
+    ts.shutdown().await;
+}
+
 #[tokio::test]
 async fn bash_timeout_closes_shell() {
     let (_d, _root, mut ts) = setup();

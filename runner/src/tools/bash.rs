@@ -8,11 +8,14 @@
 //! jobs survive between calls.
 //!
 //! Framing: each command is sent as
-//! `eval '<command>' </dev/null 2>&1; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?"`
-//! (the `eval` builtin is the brace group: its redirections cover the whole
+//! `eval '<command>' </dev/null; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?" >&99`
+//! (the `eval` builtin is the brace group: its redirection covers the whole
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
-//! quote swallow the framing). bash reads a pipe one byte per `read` so as not
+//! quote swallow the framing). The sentinel goes to fd 99, a copy of the PTY
+//! the shell is started with, so a command that moves its own output
+//! (`exec >log 2>&1`) still ends promptly; what it redirected stays
+//! redirected, as in any shell. bash reads a pipe one byte per `read` so as not
 //! to consume input meant for its children, so a command longer than 4 KiB is
 //! written to a file in a private (0700) directory instead and the shell is
 //! sent `. '<dir>/command' …` (`.` runs it in the current shell with the same
@@ -53,6 +56,8 @@ const EXIT_DRAIN: Duration = Duration::from_millis(200);
 /// and sourcing a file costs a few hundred microseconds, bash's byte-wise
 /// pipe reads about 0.3 µs per byte.
 const INLINE_COMMAND_LIMIT: usize = 4096;
+/// The shell's copy of the PTY that completion markers are written to.
+const SENTINEL_FD: libc::c_int = 99;
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
 
@@ -401,6 +406,9 @@ impl Shell {
                     }
                     // Make the PTY (already on fd 1) the controlling terminal.
                     libc::ioctl(1, libc::TIOCSCTTY as _, 0);
+                    if libc::dup2(1, SENTINEL_FD) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
                     Ok(())
                 });
             }
@@ -471,7 +479,7 @@ impl Shell {
             None => format!("eval {}", single_quoted(command)),
         };
         let script = format!(
-            "{run} </dev/null 2>&1; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\"\n"
+            "{run} </dev/null; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\" >&{SENTINEL_FD}\n"
         );
 
         let mut out = OutputBuffer::default();
