@@ -522,7 +522,7 @@ async fn list_events(
 
 /// Send: `{events: […]}` → `{data: […]}`, admitted in one transaction that
 /// holds the Session's row lock — except a worker's single tool result, which
-/// takes the fenced two-round-trip path when nothing stands in its way.
+/// takes the one-statement fenced path when nothing stands in its way.
 async fn send_events(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
