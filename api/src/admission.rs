@@ -339,7 +339,9 @@ pub async fn emit(ctx: &ApiContext, session_id: &str, events: Vec<Value>) -> Api
 }
 
 /// [`emit`] for a caller without an api in its process (tests, tools): the
-/// events reach streams through the database's notification.
+/// events reach streams through the database's notification. Not for an api
+/// process's own pool: its commits may skip the notification (see
+/// [`crate::db::as_api_process`]), and nothing here publishes in-process.
 pub async fn append_agent_events(
     db: &sqlx::PgPool,
     session_id: &str,

@@ -56,19 +56,30 @@ impl WakeHub {
 }
 
 /// Runs until the process exits, reconnecting with back-off. Once it
-/// listens, it registers the process (if it has a name) so that other
-/// processes keep notifying it and its own commits need not.
+/// listens, it registers the process so that other processes notify it; a
+/// process whose pool has no api-process name registers under a name none of
+/// its writes carry, so every process keeps notifying it.
 pub async fn listen(ctx: ApiContext) {
     let (hub, events, agent) = (&ctx.wake, &ctx.events, &ctx.agent_wake);
+    let process = match &ctx.process {
+        Some(name) => name.to_string(),
+        None => crate::ids::new_id("unnamed"),
+    };
+    // Whatever may have been missed (not yet listening, or the connection
+    // dropped): every long poll, stream and the agent loop look again.
+    let look_again = || {
+        hub.wake_all();
+        events.wake_all();
+        agent.notify_waiters();
+    };
     let mut backoff = Duration::from_millis(100);
     loop {
         match PgListener::connect_with(&ctx.db).await {
-            Ok(mut listener) => match subscribe(&mut listener, ctx.process.as_deref()).await {
+            Ok(mut listener) => match subscribe(&mut listener, &process).await {
                 Ok(()) => {
                     backoff = Duration::from_millis(100);
                     ctx.listening.send_replace(true);
-                    hub.wake_all();
-                    events.wake_all();
+                    look_again();
                     loop {
                         match listener.try_recv().await {
                             Ok(Some(n)) if n.channel() == EVENTS_CHANNEL => {
@@ -79,18 +90,15 @@ pub async fn listen(ctx: ApiContext) {
                             Ok(Some(n)) if n.channel() == OUTBOX_CHANNEL => agent.notify_waiters(),
                             Ok(Some(n)) => hub.wake(n.payload()),
                             Ok(None) => {
-                                // Connection dropped and was re-established
-                                // (unregistered, so others notify regardless);
-                                // anything may have been missed.
+                                // The connection dropped and sqlx re-established
+                                // it; until it registers again, a peer may have
+                                // cleared its row and skipped notifying.
                                 tracing::warn!("work listener reconnected");
-                                if let Err(err) =
-                                    subscribe(&mut listener, ctx.process.as_deref()).await
-                                {
+                                if let Err(err) = subscribe(&mut listener, &process).await {
                                     tracing::warn!(error = %err, "listener could not register again");
                                     break;
                                 }
-                                hub.wake_all();
-                                events.wake_all();
+                                look_again();
                             }
                             Err(err) => {
                                 tracing::warn!(error = %err, "work listener failed");
@@ -104,8 +112,7 @@ pub async fn listen(ctx: ApiContext) {
             Err(err) => tracing::warn!(error = %err, "work listener could not connect"),
         }
         ctx.listening.send_replace(false);
-        hub.wake_all();
-        events.wake_all();
+        look_again();
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
@@ -113,12 +120,11 @@ pub async fn listen(ctx: ApiContext) {
 
 /// LISTENs, then registers `process` under this connection's backend,
 /// clearing registrations whose backend is gone.
-async fn subscribe(listener: &mut PgListener, process: Option<&str>) -> sqlx::Result<()> {
+async fn subscribe(listener: &mut PgListener, process: &str) -> sqlx::Result<()> {
     listener
         .listen_all([CHANNEL, EVENTS_CHANNEL, OUTBOX_CHANNEL])
         .await?;
-    if let Some(process) = process {
-        sqlx::query(
+    sqlx::query(
             "WITH gone AS (
                  DELETE FROM listeners
                  WHERE process <> $1
@@ -130,6 +136,5 @@ async fn subscribe(listener: &mut PgListener, process: Option<&str>) -> sqlx::Re
         .bind(process)
         .execute(&mut *listener)
         .await?;
-    }
     Ok(())
 }

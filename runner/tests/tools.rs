@@ -707,6 +707,17 @@ async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
     assert_eq!(text(&o), pid);
     let log = std::fs::read_to_string(root.join("out.log")).unwrap();
     assert_eq!(log, "hidden\noops\nlater\n");
+    // The marker's descriptor is the shell's own: commands neither inherit
+    // it nor can take it over.
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "exec >/dev/tty 2>&1; [ -e /proc/self/fd/99 ] && echo inherited; exec 99>taken.txt; echo back"}),
+    )
+    .await;
+    assert_eq!(text(&o), "back");
+    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
+    assert_eq!(text(&o), pid, "still the same shell");
     ts.shutdown().await;
 }
 

@@ -94,7 +94,9 @@ const MAX_ATTEMPTS: usize = 16;
 /// Applies `rule` to the item's reconciled lease and stores the result with a
 /// compare-and-set; when another writer got there first, re-reads and re-decides.
 /// A refused rule still persists time-driven reconciliation (e.g. `timed_out`).
+/// A Session's Work it stores as stopped wakes this process's agent loop.
 async fn transition<T>(
+    ctx: &ApiContext,
     conn: &mut PgConnection,
     mut row: WorkRow,
     fence: Fence<'_>,
@@ -113,7 +115,11 @@ async fn transition<T>(
             Err(refusal) => {
                 if current != stored {
                     // Best effort: a lost race here only means someone else wrote first.
-                    let _ = work::compare_and_set(&mut *conn, &row, &current, None).await;
+                    if let Ok(Some(_)) =
+                        work::compare_and_set(&mut *conn, &row, &current, None).await
+                    {
+                        wake_loop_if_stopped(ctx, &current);
+                    }
                 }
                 return Err(refusal);
             }
@@ -129,6 +135,7 @@ async fn transition<T>(
             return Ok((row, next, outcome));
         }
         if let Some(saved) = work::compare_and_set(&mut *conn, &row, &next, key).await? {
+            wake_loop_if_stopped(ctx, &next);
             return Ok((saved, next, outcome));
         }
         if let Some(key_id) = key {
@@ -152,7 +159,8 @@ async fn transition<T>(
 
 /// A Session's Work that stopped with input waiting got an outbox row (see
 /// migration `…_stopped_session_work_wakes_the_loop`) for a new activation:
-/// this process's agent loop looks now; other processes are notified.
+/// this process's agent loop looks now; other processes are notified. (Inside
+/// Fail's transaction this is early; Fail wakes the loop again after commit.)
 fn wake_loop_if_stopped(ctx: &ApiContext, lease: &Lease) {
     if lease.kind == Kind::Session && lease.state == mango_protocol::WorkState::Stopped {
         ctx.agent_wake.notify_waiters();
@@ -406,6 +414,7 @@ async fn ack(
     let ttl = ctx.settings.default_ttl_seconds;
     let (row, lease, ()) =
         transition(
+            &ctx,
             &mut conn,
             row,
             Fence::Key(&key.id),
@@ -497,14 +506,20 @@ async fn heartbeat(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let beat = transition(&mut conn, row, Fence::Token(&digest), |current, now| {
-        current
-            .admits_token(TokenUse::Heartbeat, now)
-            .map_err(token_rejected)?;
-        current
-            .heartbeat(expected, ttl, now, default_ttl)
-            .map_err(|_| precondition_failed(current))
-    })
+    let beat = transition(
+        &ctx,
+        &mut conn,
+        row,
+        Fence::Token(&digest),
+        |current, now| {
+            current
+                .admits_token(TokenUse::Heartbeat, now)
+                .map_err(token_rejected)?;
+            current
+                .heartbeat(expected, ttl, now, default_ttl)
+                .map_err(|_| precondition_failed(current))
+        },
+    )
     .await;
     if beat
         .as_ref()
@@ -513,7 +528,6 @@ async fn heartbeat(
         Metrics::count(&ctx.metrics.heartbeat_precondition_failures);
     }
     let (_, lease, beat) = beat?;
-    wake_loop_if_stopped(&ctx, &lease);
     Metrics::count(&ctx.metrics.heartbeats);
     Ok(Json(HeartbeatResponse {
         kind: "work_heartbeat".into(),
@@ -563,8 +577,7 @@ async fn stop(
         Principal::Workspace(key) => {
             environment_of(&mut conn, &key, &env).await?;
             let row = work_of(&mut conn, &env, &id).await?;
-            let (_, lease, ()) = transition(&mut conn, row, Fence::Operator, rule(false)).await?;
-            wake_loop_if_stopped(&ctx, &lease);
+            transition(&ctx, &mut conn, row, Fence::Operator, rule(false)).await?;
         }
         other => {
             let row = other.token_for(&env, &id, "Stop")?;
@@ -572,9 +585,7 @@ async fn stop(
                 .token_sha256
                 .clone()
                 .expect("a token principal has a token");
-            let (_, lease, ()) =
-                transition(&mut conn, row, Fence::Token(&digest), rule(true)).await?;
-            wake_loop_if_stopped(&ctx, &lease);
+            transition(&ctx, &mut conn, row, Fence::Token(&digest), rule(true)).await?;
         }
     }
     Metrics::count(&ctx.metrics.stops);
@@ -613,7 +624,7 @@ async fn result(
         .token_sha256
         .clone()
         .expect("a token principal has a token");
-    let (row, lease, _stored_or_replayed): (_, _, Completion) = transition(&mut conn, row, Fence::Token(&digest), |current, now| {
+    let (row, lease, _stored_or_replayed): (_, _, Completion) = transition(&ctx, &mut conn, row, Fence::Token(&digest), |current, now| {
         current.admits_token(TokenUse::Result, now).map_err(token_rejected)?;
         current.complete(&outcome, now).map_err(|e| match e {
             ResultError::NotAHealthcheck => {
@@ -678,7 +689,7 @@ async fn fail(
         Some(session_id) => sessions::lock(&mut tx, session_id).await?,
         None => None,
     };
-    let (row, lease, ()) = transition(&mut tx, row, Fence::Token(&digest), |current, now| {
+    let (row, lease, ()) = transition(&ctx, &mut tx, row, Fence::Token(&digest), |current, now| {
         current
             .admits_token(TokenUse::Fail, now)
             .map_err(token_rejected)?;

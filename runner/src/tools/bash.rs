@@ -8,14 +8,15 @@
 //! jobs survive between calls.
 //!
 //! Framing: each command is sent as
-//! `eval '<command>' </dev/null; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?" >&99`
+//! `eval '<command>' </dev/null 99>&-; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?" >&99`
 //! (the `eval` builtin is the brace group: its redirection covers the whole
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
-//! quote swallow the framing). The sentinel goes to fd 99, a copy of the PTY
-//! the shell is started with, so a command that moves its own output
-//! (`exec >log 2>&1`) still ends promptly; what it redirected stays
-//! redirected, as in any shell. bash reads a pipe one byte per `read` so as not
+//! quote swallow the framing). The sentinel goes to fd 99, the shell's own
+//! copy of the PTY (made by its first line, `exec 99>&1`, and hidden from
+//! each command, which cannot inherit or replace it), so a command that
+//! moves its own output (`exec >log 2>&1`) still ends promptly; what it
+//! redirected stays redirected, as in any shell. bash reads a pipe one byte per `read` so as not
 //! to consume input meant for its children, so a command longer than 4 KiB is
 //! written to a file in a private (0700) directory instead and the shell is
 //! sent `. '<dir>/command' …` (`.` runs it in the current shell with the same
@@ -57,7 +58,7 @@ const EXIT_DRAIN: Duration = Duration::from_millis(200);
 /// pipe reads about 0.3 µs per byte.
 const INLINE_COMMAND_LIMIT: usize = 4096;
 /// The shell's copy of the PTY that completion markers are written to.
-const SENTINEL_FD: libc::c_int = 99;
+const SENTINEL_FD: u32 = 99;
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
 
@@ -278,6 +279,8 @@ struct Shell {
     exited: Option<i32>,
     /// The PTY reported end of file (no slave holders left).
     eof: bool,
+    /// The shell has been sent `exec 99>&1` (with its first command).
+    marker_fd_made: bool,
 }
 
 /// A private directory holding the command file, removed with the shell.
@@ -406,9 +409,6 @@ impl Shell {
                     }
                     // Make the PTY (already on fd 1) the controlling terminal.
                     libc::ioctl(1, libc::TIOCSCTTY as _, 0);
-                    if libc::dup2(1, SENTINEL_FD) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
                     Ok(())
                 });
             }
@@ -441,6 +441,7 @@ impl Shell {
             master,
             exited: None,
             eof: false,
+            marker_fd_made: false,
         })
     }
 
@@ -474,13 +475,19 @@ impl Shell {
             }
             _ => None,
         };
+        let setup = if self.marker_fd_made {
+            String::new()
+        } else {
+            format!("exec {SENTINEL_FD}>&1\n")
+        };
         let run = match via_file {
             Some(file) => format!(". {}", single_quoted(&file.to_string_lossy())),
             None => format!("eval {}", single_quoted(command)),
         };
         let script = format!(
-            "{run} </dev/null; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\" >&{SENTINEL_FD}\n"
+            "{setup}{run} </dev/null {SENTINEL_FD}>&-; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\" >&{SENTINEL_FD}\n"
         );
+        self.marker_fd_made = true;
 
         let mut out = OutputBuffer::default();
         let write = async {
