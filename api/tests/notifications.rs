@@ -125,6 +125,16 @@ async fn second_process(db: &PgPool) -> (ApiContext, tokio::sync::oneshot::Sende
     (ctx, stop)
 }
 
+/// The processes' registry names, sorted as [`registered`] lists them.
+fn names(processes: &[&ApiContext]) -> Vec<String> {
+    let mut names: Vec<String> = processes
+        .iter()
+        .map(|p| p.process.as_deref().expect("an api process").to_string())
+        .collect();
+    names.sort();
+    names
+}
+
 async fn registered(db: &PgPool) -> Vec<String> {
     sqlx::query_scalar("SELECT process FROM listeners ORDER BY process")
         .fetch_all(db)
@@ -136,12 +146,7 @@ async fn registered(db: &PgPool) -> Vec<String> {
 async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
     let app = TestApp::start(db).await;
     let (b, stop_b) = second_process(&app.db).await;
-    let mut expected = vec![
-        app.ctx.process.as_deref().unwrap().to_string(),
-        b.process.as_deref().unwrap().to_string(),
-    ];
-    expected.sort();
-    assert_eq!(registered(&app.db).await, expected);
+    assert_eq!(registered(&app.db).await, names(&[&app.ctx, &b]));
 
     let mut observer = PgListener::connect_with(&app.db).await.unwrap();
     observer.listen("mango_events").await.unwrap();
@@ -182,10 +187,9 @@ async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
     .expect("B's LISTEN connection ends with it");
     assert_eq!(registered(&app.db).await.len(), 2, "B's row outlives it");
     let (c, _stop_c) = second_process(&app.db).await;
-    let mut expected = vec![
-        app.ctx.process.as_deref().unwrap().to_string(),
-        c.process.as_deref().unwrap().to_string(),
-    ];
-    expected.sort();
-    assert_eq!(registered(&app.db).await, expected, "B's row was cleared");
+    assert_eq!(
+        registered(&app.db).await,
+        names(&[&app.ctx, &c]),
+        "B's row was cleared"
+    );
 }
