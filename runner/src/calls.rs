@@ -3,7 +3,7 @@
 //! reconnect): pure, so the dispatch rules are testable without a server.
 
 use serde_json::Value;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
@@ -23,8 +23,12 @@ pub enum SessionOver {
 
 #[derive(Debug, Default)]
 pub struct Calls {
-    /// Calls in the order the agent made them (by event sequence of first sight).
+    /// Unanswered calls in the order the agent made them (by event sequence
+    /// of first sight); an answer removes its call, so a long Session's
+    /// dispatch scans only what is still open.
     calls: BTreeMap<u64, Call>,
+    /// Where each call in `calls` sits.
+    positions: HashMap<String, u64>,
     seen_events: HashSet<String>,
     order: u64,
     answered: HashSet<String>,
@@ -51,8 +55,10 @@ impl Calls {
         let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
         let str_of = |k: &str| event.get(k).and_then(Value::as_str).map(str::to_string);
         match kind {
+            "agent.tool_use" if self.answered.contains(id) => {}
             "agent.tool_use" => {
                 self.order += 1;
+                self.positions.insert(id.to_string(), self.order);
                 let permission = match event.get("evaluated_permission").and_then(Value::as_str) {
                     None | Some("allow") => "allow",
                     Some("deny") => "deny",
@@ -71,6 +77,9 @@ impl Calls {
             }
             "user.tool_result" => {
                 if let Some(call) = str_of("tool_use_id") {
+                    if let Some(position) = self.positions.remove(&call) {
+                        self.calls.remove(&position);
+                    }
                     self.answered.insert(call);
                 }
             }
@@ -134,6 +143,11 @@ impl Calls {
     pub fn over(&self) -> Option<SessionOver> {
         self.over
     }
+
+    /// Calls not answered yet (run, waiting, denied or not ours).
+    pub fn unanswered(&self) -> usize {
+        self.calls.len()
+    }
 }
 
 #[cfg(test)]
@@ -193,6 +207,26 @@ mod tests {
         calls.apply(&json!({"id": "t", "type": "session.thread_status_terminated", "session_thread_id": "thr_1"}));
         // History replayed after a reconnect changes nothing.
         calls.apply(&tool_use("b", "bash", None));
+        assert!(calls.next_runnable(owns).is_none());
+    }
+
+    #[test]
+    fn answered_calls_are_forgotten_whichever_arrives_first() {
+        let mut calls = Calls::default();
+        for i in 0..1000 {
+            let id = format!("call{i}");
+            calls.apply(&tool_use(&id, "bash", None));
+            assert_eq!(calls.next_runnable(owns).unwrap().id, id);
+            calls.mark_started(&id);
+            calls.apply(
+                &json!({"id": format!("res{i}"), "type": "user.tool_result", "tool_use_id": id}),
+            );
+        }
+        assert_eq!(calls.unanswered(), 0);
+        // A result read before its call (history after a reconnect) keeps the call out.
+        calls.apply(&json!({"id": "early", "type": "user.tool_result", "tool_use_id": "late"}));
+        calls.apply(&tool_use("late", "bash", None));
+        assert_eq!(calls.unanswered(), 0);
         assert!(calls.next_runnable(owns).is_none());
     }
 
