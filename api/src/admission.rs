@@ -37,6 +37,14 @@ pub struct Admission {
     pub appended: Vec<LoggedEvent>,
 }
 
+impl Admission {
+    /// Whether it wrote an outbox row: whatever an admission appends, its
+    /// last write carries one (only retries of answered calls append nothing).
+    pub fn wrote_outbox(&self) -> bool {
+        !self.appended.is_empty()
+    }
+}
+
 /// Admits checked events from `sender` into `session`, which the caller has
 /// locked (with [`sessions::lock_for_admission`], which also told whether the
 /// Session `has_live_work`) in the transaction `db`. Accepted events are

@@ -272,11 +272,7 @@ async fn create(
     };
     tx.commit().await?;
     if let Some(admitted) = admitted {
-        ctx.committed(
-            &session.id,
-            &admitted.appended,
-            !admitted.appended.is_empty(),
-        );
+        ctx.committed(&session.id, &admitted.appended, admitted.wrote_outbox());
     }
     Ok(Json(session.render()).into_response())
 }
@@ -608,9 +604,7 @@ fn admitted_reply(
     } else {
         &ctx.metrics.locked_admissions
     });
-    // Whatever an admission appends, its last write carries the outbox row.
-    let outbox = !admitted.appended.is_empty();
-    ctx.committed(session_id, &admitted.appended, outbox);
+    ctx.committed(session_id, &admitted.appended, admitted.wrote_outbox());
     Json(json!({ "data": admitted.data })).into_response()
 }
 
