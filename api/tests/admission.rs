@@ -768,6 +768,35 @@ async fn a_fenced_write_racing_another_commit_writes_nothing(db: sqlx::PgPool) {
     }
 }
 
+/// Event and outbox rows carry no foreign key: a Session deleted while a
+/// worker's answer waits for its row leaves the answer nothing to fence on,
+/// so it writes nothing and no row outlives the Session.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_fenced_write_racing_the_sessions_deletion_leaves_no_rows(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
+    assert!(app.count_for("session_events", &s).await > 0);
+    let mut deleting = app.db.begin().await.unwrap();
+    assert!(
+        mango_api::store::sessions::delete(&mut *deleting, "wrkspc_default", &s)
+            .await
+            .unwrap()
+    );
+    let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
+    until_a_lock_wait(&app).await;
+    deleting.commit().await.unwrap();
+    let answer = timeout(Duration::from_secs(5), racing)
+        .await
+        .expect("the answer finishes once the row is free")
+        .unwrap();
+    assert!(
+        answer.is_none(),
+        "nothing is written into a deleted Session"
+    );
+    assert_eq!(app.count_for("session_events", &s).await, 0);
+    assert_eq!(app.count_for("outbox", &s).await, 0);
+}
+
 /// A Session and call state as stored, for the guard's exhaustive test.
 #[derive(Debug)]
 struct StoredState {

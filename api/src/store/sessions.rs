@@ -628,7 +628,7 @@ pub async fn answer_open_call(
              ),
              answered AS (
                  UPDATE session_tool_calls t SET answered_by = $4
-                 FROM fence WHERE t.session_id = fence.id AND t.id = $2
+                 FROM fence WHERE t.session_id = $1 AND t.id = $2
              ),
              outbox AS (
                  INSERT INTO outbox (session_id, last_seq, created_at)
