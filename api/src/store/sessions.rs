@@ -444,7 +444,7 @@ fn build_append_statement(parts: StatementParts) -> String {
          answered AS (
              UPDATE session_tool_calls t SET answered_by = a.event_id
              FROM fence, UNNEST($17::text[], $18::text[]) AS a(call_id, event_id)
-             WHERE t.session_id = fence.id AND t.id = a.call_id
+             WHERE t.session_id = $1 AND t.id = a.call_id
          )",
         );
     }
@@ -454,7 +454,7 @@ fn build_append_statement(parts: StatementParts) -> String {
          confirmed AS (
              UPDATE session_tool_calls t SET confirmation = c.result
              FROM fence, UNNEST($19::text[], $20::text[]) AS c(call_id, result)
-             WHERE t.session_id = fence.id AND t.id = c.call_id
+             WHERE t.session_id = $1 AND t.id = c.call_id
          )",
         );
     }
