@@ -1,4 +1,4 @@
-//! The agent loop (spec §6): for each Session with unprocessed outbox rows,
+//! The agent loop (spec §6): for each Session with a pending outbox row,
 //! decide the next step from its events ([`turn::next`]), call the model
 //! endpoint, and commit the reply's events. Durable by construction:
 //! * one step per Session at a time across replicas (advisory lock);
@@ -132,11 +132,9 @@ pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
         let notified = ctx.agent_wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match sqlx::query_as::<_, (String,)>(
-            "SELECT DISTINCT session_id FROM outbox WHERE processed_at IS NULL LIMIT 100",
-        )
-        .fetch_all(&ctx.db)
-        .await
+        match sqlx::query_as::<_, (String,)>("SELECT DISTINCT session_id FROM outbox LIMIT 100")
+            .fetch_all(&ctx.db)
+            .await
         {
             Ok(sessions) => {
                 for (session_id,) in sessions {
@@ -213,10 +211,10 @@ async fn step_until_waiting(
                 if !turn::runnable_worker_calls(&events).is_empty() {
                     ensure_activation(ctx, &session.environment_id, session_id).await?;
                 }
-                sqlx::query("UPDATE outbox SET processed_at = $3 WHERE session_id = $1 AND processed_at IS NULL AND last_seq <= $2")
+                // Handled up to the log head read above; later input keeps its row.
+                sqlx::query("DELETE FROM outbox WHERE session_id = $1 AND last_seq <= $2")
                     .bind(session_id)
                     .bind(session.last_seq)
-                    .bind(time::now())
                     .execute(&ctx.db)
                     .await?;
                 return Ok(());

@@ -69,7 +69,7 @@ async fn runnable_input_creates_one_work_and_one_outbox_row(db: sqlx::PgPool) {
     let (outbox_seq, outbox_at, work_at): (i64, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
         sqlx::query_as(
             "SELECT o.last_seq, o.created_at, w.created_at FROM outbox o JOIN work w ON w.session_id = o.session_id
-             WHERE o.session_id = $1 ORDER BY o.id DESC LIMIT 1",
+             WHERE o.session_id = $1 ORDER BY o.last_seq DESC LIMIT 1",
         )
         .bind(&s)
         .fetch_one(&app.db)

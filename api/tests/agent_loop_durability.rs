@@ -71,14 +71,12 @@ fn ended_turns(events: &[Value]) -> usize {
         .count()
 }
 
-async fn unprocessed_outbox(db: &PgPool, session: &str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM outbox WHERE session_id = $1 AND processed_at IS NULL",
-    )
-    .bind(session)
-    .fetch_one(db)
-    .await
-    .unwrap();
+async fn pending_outbox_rows(db: &PgPool, session: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox WHERE session_id = $1")
+        .bind(session)
+        .fetch_one(db)
+        .await
+        .unwrap();
     n
 }
 
@@ -157,17 +155,20 @@ async fn a_stored_reply_is_never_requested_again(db: PgPool) {
     say(&first, &s, "hello").await;
     let e = until(&first, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
     kill(first).await;
-    // As if the process died after the reply committed but before its outbox
-    // row was marked processed: the next process looks at the Session again.
-    sqlx::query("UPDATE outbox SET processed_at = NULL WHERE session_id = $1")
-        .bind(&s)
-        .execute(&db)
-        .await
-        .unwrap();
+    // As if the process died after the reply committed but before it deleted
+    // the outbox row: the next process looks at the Session again.
+    sqlx::query(
+        "INSERT INTO outbox (session_id, last_seq, created_at)
+         SELECT id, last_seq, now() FROM sessions WHERE id = $1",
+    )
+    .bind(&s)
+    .execute(&db)
+    .await
+    .unwrap();
 
     let second = replica(&db, &model).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while unprocessed_outbox(&db, &s).await > 0 {
+    while pending_outbox_rows(&db, &s).await > 0 {
         assert!(Instant::now() < deadline, "the new process never looked");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -258,7 +259,7 @@ async fn an_interrupt_ends_a_turn_waiting_for_tools_and_a_late_result_is_harmles
     .await
     .expect(200);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while unprocessed_outbox(&db, &s).await > 0 {
+    while pending_outbox_rows(&db, &s).await > 0 {
         assert!(Instant::now() < deadline, "the loop never looked");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
