@@ -206,17 +206,24 @@ async fn step_until_waiting(
         let events = all_events(ctx, session_id).await?;
         match turn::next(&events) {
             Next::Wait => {
-                // Calls a worker could run, but no Work to run them (it stopped
-                // meanwhile): start a new activation.
-                if !turn::runnable_worker_calls(&events).is_empty() {
-                    ensure_activation(ctx, &session.environment_id, session_id).await?;
-                }
-                // Handled up to the log head read above; later input keeps its row.
+                // Handled up to the log head read above; later input keeps its
+                // row. The activation check comes after the delete, in the same
+                // transaction: a Work that stops meanwhile is either seen
+                // stopped by the check, or its wake-up row (written as it
+                // stops) commits after the delete and brings the loop back.
+                let mut tx = ctx.db.begin().await?;
                 sqlx::query("DELETE FROM outbox WHERE session_id = $1 AND last_seq <= $2")
                     .bind(session_id)
                     .bind(session.last_seq)
-                    .execute(&ctx.db)
+                    .execute(&mut *tx)
                     .await?;
+                // Calls a worker could run, but no Work to run them (it stopped
+                // meanwhile): start a new activation.
+                if !turn::runnable_worker_calls(&events).is_empty() {
+                    let ttl = ctx.settings.default_ttl_seconds;
+                    ensure_activation(&mut tx, ttl, &session.environment_id, session_id).await?;
+                }
+                tx.commit().await?;
                 return Ok(());
             }
             Next::EndTurn => {
@@ -282,14 +289,15 @@ async fn step_until_waiting(
 }
 
 async fn ensure_activation(
-    ctx: &ApiContext,
+    db: &mut sqlx::PgConnection,
+    ttl_seconds: i64,
     environment_id: &str,
     session_id: &str,
 ) -> Result<(), ApiError> {
     let now = time::now();
-    let lease = Lease::new(Kind::Session, now, ctx.settings.default_ttl_seconds);
+    let lease = Lease::new(Kind::Session, now, ttl_seconds);
     work::insert_activation(
-        &ctx.db,
+        db,
         NewWork {
             id: &ids::new_id("work"),
             environment_id,
