@@ -150,13 +150,21 @@ pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
                     };
                     let (ctx, model, driving) = (ctx.clone(), model.clone(), driving.clone());
                     tokio::spawn(async move {
-                        if let Err(err) = drive(&ctx, &model, &session_id).await {
-                            tracing::warn!(session_id, error = %err.message, "agent loop step failed");
-                        }
+                        let stepped = match drive(&ctx, &model, &session_id).await {
+                            Ok(stepped) => stepped,
+                            Err(err) => {
+                                tracing::warn!(session_id, error = %err.message, "agent loop step failed");
+                                true
+                            }
+                        };
                         driving.lock().expect("driving lock").remove(&session_id);
                         drop(slot);
-                        // A step may have left more to do (new input arrived meanwhile).
-                        ctx.agent_wake.notify_waiters();
+                        // A step may have left more to do (new input arrived
+                        // meanwhile). A Session another process is stepping is
+                        // looked at again on the next round, not at once.
+                        if stepped {
+                            ctx.agent_wake.notify_waiters();
+                        }
                     });
                 }
             }
@@ -169,12 +177,13 @@ pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
 /// Sessions one api process advances at once.
 const CONCURRENT_SESSIONS: usize = 32;
 
-/// Advances one Session as far as it can go without new input.
+/// Advances one Session as far as it can go without new input. `false`: another
+/// process is stepping it.
 pub async fn drive(
     ctx: &ApiContext,
     model: &ModelEndpoint,
     session_id: &str,
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     // Held on this connection for the whole step; released on return or when
     // the connection dies with the process.
     let mut lock = ctx.db.acquire().await?;
@@ -183,14 +192,14 @@ pub async fn drive(
         .fetch_one(&mut *lock)
         .await?;
     if !got {
-        return Ok(());
+        return Ok(false);
     }
     let outcome = step_until_waiting(ctx, model, session_id).await;
     let _ = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 77))")
         .bind(session_id)
         .execute(&mut *lock)
         .await;
-    outcome
+    outcome.map(|()| true)
 }
 
 async fn step_until_waiting(
@@ -201,6 +210,8 @@ async fn step_until_waiting(
     let mut failures = 0;
     loop {
         let Some(session) = sessions::find(&ctx.db, None, session_id).await? else {
+            // Deleted: its rows went with it, unless one slipped in meanwhile.
+            forget_wakeups(&ctx.db, session_id).await?;
             return Ok(());
         };
         let events = all_events(ctx, session_id).await?;
@@ -211,7 +222,20 @@ async fn step_until_waiting(
                 // transaction: a Work that stops meanwhile is either seen
                 // stopped by the check, or its wake-up row (written as it
                 // stops) commits after the delete and brings the loop back.
+                // The Session row is share-locked first: a deletion's trigger
+                // takes that row before the outbox rows, so the same order
+                // here cannot deadlock with it.
                 let mut tx = ctx.db.begin().await?;
+                let exists: Option<(i32,)> =
+                    sqlx::query_as("SELECT 1 FROM sessions WHERE id = $1 FOR KEY SHARE")
+                        .bind(session_id)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                if exists.is_none() {
+                    drop(tx);
+                    forget_wakeups(&ctx.db, session_id).await?;
+                    return Ok(());
+                }
                 sqlx::query("DELETE FROM outbox WHERE session_id = $1 AND last_seq <= $2")
                     .bind(session_id)
                     .bind(session.last_seq)
@@ -286,6 +310,15 @@ async fn step_until_waiting(
             }
         }
     }
+}
+
+/// Drops the wake-ups of a Session that no longer exists.
+async fn forget_wakeups(db: &sqlx::PgPool, session_id: &str) -> Result<(), ApiError> {
+    sqlx::query("DELETE FROM outbox WHERE session_id = $1")
+        .bind(session_id)
+        .execute(db)
+        .await?;
+    Ok(())
 }
 
 async fn ensure_activation(

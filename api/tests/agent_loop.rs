@@ -308,3 +308,90 @@ async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::
         "no extra model call: the turn is still waiting for the result"
     );
 }
+
+/// The loop's clean-up takes the Session row before the Session's wake-up
+/// rows, in the order a deletion takes them, so the two cannot deadlock: a
+/// Session deleted while a step looks at it ends the step quietly, leaving
+/// no row behind and starting no Work for it.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    // A call a worker could run, and no live Work to run it: the step will
+    // want a new activation.
+    let s = app.create_session().await;
+    app.send(
+        &s,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]),
+    )
+    .await
+    .expect(200);
+    mango_api::admission::append_agent_events(
+        &app.db,
+        &s,
+        vec![
+            json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "true"},
+                    "evaluated_permission": "allow"}),
+        ],
+    )
+    .await
+    .unwrap();
+    let claim = app.claim_session_work().await;
+    app.call(
+        Method::POST,
+        &app.work_path(&format!("/{}/stop", claim.id)),
+        Some(&app.ws_key),
+        Some(json!({"force": true})),
+    )
+    .await
+    .expect(204);
+    assert!(app.count_for("outbox", &s).await > 0);
+
+    let mut deleting = app.db.begin().await.unwrap();
+    assert!(
+        mango_api::store::sessions::delete(&mut *deleting, "wrkspc_default", &s)
+            .await
+            .unwrap()
+    );
+    let step = {
+        let (ctx, s) = (app.ctx.clone(), s.clone());
+        tokio::spawn(async move {
+            // Never called: the step only waits for a worker.
+            let model = mango_api::agent_loop::ModelEndpoint::new("http://127.0.0.1:9", None);
+            mango_api::agent_loop::drive(&ctx, &model, &s).await
+        })
+    };
+    // The step reads the Session (the deletion is not committed) and then
+    // waits for a row the deletion holds.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&app.db)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the step waits for the deletion");
+    deleting.commit().await.unwrap();
+    let stepped = tokio::time::timeout(Duration::from_secs(5), step)
+        .await
+        .expect("the step ends once the deletion commits")
+        .unwrap();
+    assert!(
+        matches!(stepped, Ok(true)),
+        "{:?}",
+        stepped.err().map(|e| e.message)
+    );
+    assert_eq!(
+        app.session_counts(&s).await,
+        (0, 0, 0),
+        "events, work, outbox"
+    );
+}
