@@ -442,6 +442,7 @@ fn build_append_statement(parts: StatementParts) -> String {
         sql.push_str(
             ",
          answered AS (
+             -- FROM fence: nothing is updated unless the fence moved.
              UPDATE session_tool_calls t SET answered_by = a.event_id
              FROM fence, UNNEST($17::text[], $18::text[]) AS a(call_id, event_id)
              WHERE t.session_id = $1 AND t.id = a.call_id
@@ -627,6 +628,7 @@ pub async fn answer_open_call(
                  FROM fence
              ),
              answered AS (
+                 -- FROM fence: nothing is updated unless the fence moved.
                  UPDATE session_tool_calls t SET answered_by = $4
                  FROM fence WHERE t.session_id = $1 AND t.id = $2
              ),
