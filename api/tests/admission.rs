@@ -649,27 +649,6 @@ async fn open_call_with_live_work(app: &TestApp) -> (String, String, String, i64
     (s, call, work_id, row_version)
 }
 
-/// Until some statement of this database waits for a row lock.
-async fn until_a_lock_wait(app: &TestApp) {
-    timeout(Duration::from_secs(5), async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("a statement waits for a row lock");
-}
-
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_fenced_write_whose_claim_or_session_moved_on_changes_nothing(db: sqlx::PgPool) {
     let app = TestApp::start(db).await;
@@ -748,7 +727,7 @@ async fn a_fenced_write_racing_another_commit_writes_nothing(db: sqlx::PgPool) {
             }
         }
         let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
-        until_a_lock_wait(&app).await;
+        app.until_a_lock_wait().await;
         first.commit().await.unwrap();
         let second = timeout(Duration::from_secs(5), racing)
             .await
@@ -783,7 +762,7 @@ async fn a_fenced_write_racing_the_sessions_deletion_leaves_no_rows(db: sqlx::Pg
             .unwrap()
     );
     let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
-    until_a_lock_wait(&app).await;
+    app.until_a_lock_wait().await;
     deleting.commit().await.unwrap();
     let answer = timeout(Duration::from_secs(5), racing)
         .await
@@ -957,7 +936,7 @@ async fn a_fenced_result_racing_fail_does_not_deadlock(db: sqlx::PgPool) {
         .unwrap();
     let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
     // … (once the fenced write is waiting for it) … then the Work row.
-    until_a_lock_wait(&app).await;
+    app.until_a_lock_wait().await;
     let updated = timeout(
         Duration::from_secs(5),
         sqlx::query("UPDATE work SET row_version = row_version + 1 WHERE id = $1")

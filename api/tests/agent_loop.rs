@@ -281,14 +281,7 @@ async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::
     let first = app.poll().await.expect("the Session's Work");
     app.ack(&first.id).await.expect(200);
     // The Work goes away before anyone ran the call.
-    app.call(
-        Method::POST,
-        &app.work_path(&format!("/{}/stop", first.id)),
-        Some(&app.ws_key),
-        Some(json!({"force": true})),
-    )
-    .await
-    .expect(204);
+    app.force_stop(&first.id).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let second = loop {
         if let Some(claim) = app.poll().await {
@@ -336,14 +329,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
     .await
     .unwrap();
     let claim = app.claim_session_work().await;
-    app.call(
-        Method::POST,
-        &app.work_path(&format!("/{}/stop", claim.id)),
-        Some(&app.ws_key),
-        Some(json!({"force": true})),
-    )
-    .await
-    .expect(204);
+    app.force_stop(&claim.id).await;
     assert!(app.count_for("outbox", &s).await > 0);
 
     let mut deleting = app.db.begin().await.unwrap();
@@ -362,23 +348,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
     };
     // The step reads the Session (the deletion is not committed) and then
     // waits for a row the deletion holds.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&app.db)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the step waits for the deletion");
+    app.until_a_lock_wait().await;
     deleting.commit().await.unwrap();
     let stepped = tokio::time::timeout(Duration::from_secs(5), step)
         .await

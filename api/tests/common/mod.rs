@@ -427,6 +427,39 @@ impl TestApp {
         claim
     }
 
+    /// Force-stops a Work item with the Workspace key.
+    pub async fn force_stop(&self, work_id: &str) {
+        self.call(
+            Method::POST,
+            &self.work_path(&format!("/{work_id}/stop")),
+            Some(&self.ws_key),
+            Some(json!({"force": true})),
+        )
+        .await
+        .expect(204);
+    }
+
+    /// Until some statement of this database waits for a row lock.
+    pub async fn until_a_lock_wait(&self) {
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&self.db)
+                .await
+                .unwrap();
+                if waiting > 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a statement waits for a row lock");
+    }
+
     /// Count of rows in `table` for `session` (`session_id` column).
     pub async fn count_for(&self, table: &str, session: &str) -> i64 {
         sqlx::query_scalar(&format!(
