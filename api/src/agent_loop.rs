@@ -217,14 +217,13 @@ async fn step_until_waiting(
         let events = all_events(ctx, session_id).await?;
         match turn::next(&events) {
             Next::Wait => {
-                // Handled up to the log head read above; later input keeps its
-                // row. The activation check comes after the delete, in the same
-                // transaction: a Work that stops meanwhile is either seen
-                // stopped by the check, or its wake-up row (written as it
-                // stops) commits after the delete and brings the loop back.
-                // The Session row is share-locked first: a deletion's trigger
-                // takes that row before the outbox rows, so the same order
-                // here cannot deadlock with it.
+                // One transaction, in the order a Session's deletion takes the
+                // same rows (the Session, then its wake-ups), so the two cannot
+                // deadlock. Wake-ups are deleted up to the log head read above
+                // (later input keeps its row) before the activation check: a
+                // Work that stops meanwhile is either seen stopped by the
+                // check, or its wake-up row commits after the delete and
+                // brings the loop back.
                 let mut tx = ctx.db.begin().await?;
                 let exists: Option<(i32,)> =
                     sqlx::query_as("SELECT 1 FROM sessions WHERE id = $1 FOR KEY SHARE")

@@ -34,17 +34,6 @@ async fn last_seq(app: &TestApp, session: &str) -> i64 {
         .unwrap()
 }
 
-async fn stop_work(app: &TestApp, id: &str, force: bool) {
-    app.call(
-        Method::POST,
-        &app.work_path(&format!("/{id}/stop")),
-        Some(&app.ws_key),
-        Some(json!({ "force": force })),
-    )
-    .await
-    .expect(204);
-}
-
 // ------------------------------------------------------------------ coalescing
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
@@ -130,9 +119,9 @@ async fn input_coalesces_while_work_lives_and_reactivates_after_it_stops(db: sql
         .await
         .expect(200);
     outbox = coalesces(&app, &s, &first, "active", outbox).await;
-    stop_work(&app, &first, false).await;
+    app.stop_work(&first, false).await;
     coalesces(&app, &s, &first, "stopping", outbox).await;
-    stop_work(&app, &first, true).await;
+    app.stop_work(&first, true).await;
     assert_eq!(app.session_work(&s).await[0].1, "stopped");
 
     // New input after the Work stopped: a new activation.
@@ -192,7 +181,7 @@ async fn a_failed_outbox_write_rolls_back_the_events_and_the_work(db: sqlx::PgPo
         .await
         .expect(200);
     let first = app.session_work(&s).await[0].0.clone();
-    stop_work(&app, &first, true).await;
+    app.stop_work(&first, true).await;
     let before = app.session_counts(&s).await;
     let seq_before = last_seq(&app, &s).await;
     // One event, one Work; two outbox rows: the admission's, and the stop's
@@ -581,7 +570,7 @@ async fn a_workers_first_result_takes_the_fenced_path_and_everything_else_the_lo
     // its claim was seen: the fence notices the claim moved on.
     let last = append_one(&app, &s, tool_use(Some("allow"), None)).await;
     let work = live_work(&app, &s).await;
-    stop_work(&app, &work[0].0, true).await;
+    app.stop_work(&work[0].0, true).await;
     let events = app.count_for("session_events", &s).await;
     let r = app.send_as(&s, &tok, json!([tool_result(&last)])).await;
     r.expect(401);

@@ -281,7 +281,7 @@ async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::
     let first = app.poll().await.expect("the Session's Work");
     app.ack(&first.id).await.expect(200);
     // The Work goes away before anyone ran the call.
-    app.force_stop(&first.id).await;
+    app.stop_work(&first.id, true).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let second = loop {
         if let Some(claim) = app.poll().await {
@@ -329,7 +329,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
     .await
     .unwrap();
     let claim = app.claim_session_work().await;
-    app.force_stop(&claim.id).await;
+    app.stop_work(&claim.id, true).await;
     assert!(app.count_for("outbox", &s).await > 0);
 
     let mut deleting = app.db.begin().await.unwrap();

@@ -621,14 +621,7 @@ async fn token_before_ack_is_401(db: sqlx::PgPool) {
 async fn token_after_stop_is_401(db: sqlx::PgPool) {
     let app = TestApp::start(db).await;
     let (claim, last) = app.active_check().await;
-    app.call(
-        Method::POST,
-        &app.work_path(&format!("/{}/stop", claim.id)),
-        Some(&app.ws_key),
-        Some(json!({"force": true})),
-    )
-    .await
-    .expect(204);
+    app.stop_work(&claim.id, true).await;
     for action in TOKEN_ACTIONS {
         let r = token_call(&app, &claim.id, &claim.token, action, &last).await;
         assert_401(&r);

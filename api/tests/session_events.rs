@@ -680,14 +680,7 @@ async fn a_token_stream_closes_after_its_work_stops_and_other_sessions_are_403(d
         .expect("stream open");
     assert_eq!(f.json()["id"], stored[0]["id"]);
 
-    app.call(
-        Method::POST,
-        &app.work_path(&format!("/{}/stop", claim.id)),
-        Some(&app.ws_key),
-        Some(json!({"force": true})),
-    )
-    .await
-    .expect(204);
+    app.stop_work(&claim.id, true).await;
     let stopped = Instant::now();
     let end = timeout(Duration::from_secs(4), async {
         while sse.next_frame().await.is_some() {}

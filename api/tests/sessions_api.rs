@@ -782,14 +782,7 @@ async fn a_sessions_token_reads_only_its_own_session_while_its_work_lives(db: sq
     assert_eq!(app.count_for("session_events", &mine).await, 1);
 
     // After its Work stops: 401.
-    app.call(
-        Method::POST,
-        &app.work_path(&format!("/{}/stop", claim.id)),
-        Some(&app.ws_key),
-        Some(json!({"force": true})),
-    )
-    .await
-    .expect(204);
+    app.stop_work(&claim.id, true).await;
     let r = app
         .call(
             Method::GET,

@@ -427,13 +427,13 @@ impl TestApp {
         claim
     }
 
-    /// Force-stops a Work item with the Workspace key.
-    pub async fn force_stop(&self, work_id: &str) {
+    /// Stops a Work item with the Workspace key (`force`: at once, not by lease).
+    pub async fn stop_work(&self, work_id: &str, force: bool) {
         self.call(
             Method::POST,
             &self.work_path(&format!("/{work_id}/stop")),
             Some(&self.ws_key),
-            Some(json!({"force": true})),
+            Some(json!({ "force": force })),
         )
         .await
         .expect(204);
