@@ -16,6 +16,34 @@ pub const EVENTS_CHANNEL: &str = "mango_events";
 /// Payload: the Session id with new input for the agent loop.
 pub const OUTBOX_CHANNEL: &str = "mango_outbox";
 
+/// `notification_wanted()` (migration 6) restated for a statement to inline:
+/// false only when the committing connection's process is registered in
+/// `listeners` and no other process is. The api's log statements notify for
+/// themselves with it (migration 9), as subplans instead of two trigger calls.
+pub const NOTIFICATION_WANTED_SQL: &str =
+    "(NOT EXISTS (SELECT 1 FROM listeners WHERE process = current_setting('application_name'))
+      OR EXISTS (SELECT 1 FROM listeners WHERE process <> current_setting('application_name')))";
+
+/// A CTE named `notify` for a statement whose CTE `fence` returns the moved
+/// Session row (`id`, `last_seq`): when notifications are wanted, what the
+/// triggers would have sent for it, `mango_events` and, if the statement
+/// wrote a wake-up row, `mango_outbox`. A statement using it marks its writes
+/// (`sessions.notified_seq`, `outbox.notified`) so the triggers skip them, and
+/// must reference `notify` (an unreferenced CTE without writes never runs).
+pub fn notify_cte(outbox: bool) -> String {
+    let outbox = if outbox {
+        format!(", pg_notify('{OUTBOX_CHANNEL}', fence.id)")
+    } else {
+        String::new()
+    };
+    format!(
+        "notify AS (
+             SELECT pg_notify('{EVENTS_CHANNEL}', fence.id || ' ' || fence.last_seq){outbox}
+             FROM fence WHERE {NOTIFICATION_WANTED_SQL}
+         )"
+    )
+}
+
 #[derive(Default)]
 pub struct WakeHub {
     environments: Mutex<HashMap<String, Arc<Notify>>>,

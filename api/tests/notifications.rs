@@ -8,6 +8,7 @@ mod common;
 use common::*;
 
 use mango_api::admission::append_agent_events;
+use mango_api::wake::NOTIFICATION_WANTED_SQL;
 use mango_api::{server, ApiContext, Settings};
 use serde_json::json;
 use sqlx::postgres::PgListener;
@@ -30,11 +31,17 @@ async fn wanted(db: &PgPool, writer: &str, registered: &[&str]) -> bool {
             .await
             .unwrap();
     }
-    let (wanted,): (bool,) = sqlx::query_as("SELECT notification_wanted()")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+    let (wanted, inlined): (bool, bool) = sqlx::query_as(&format!(
+        "SELECT notification_wanted(), {NOTIFICATION_WANTED_SQL}"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
     tx.rollback().await.unwrap();
+    assert_eq!(
+        wanted, inlined,
+        "the rule the api's statements inline is the triggers' rule ({writer:?}, {registered:?})"
+    );
     wanted
 }
 
@@ -191,5 +198,161 @@ async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
         registered(&app.db).await,
         names(&[&app.ctx, &c]),
         "B's row was cleared"
+    );
+}
+
+/// The next notification on any channel `listener` listens to: (channel, payload).
+async fn next_notification(listener: &mut PgListener) -> (String, String) {
+    let n = timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification within 5 s")
+        .unwrap();
+    (n.channel().to_string(), n.payload().to_string())
+}
+
+/// Waits until every one of `expected` has been notified (others may come between).
+async fn until_notified(listener: &mut PgListener, expected: &[(&str, String)]) {
+    let mut missing: Vec<(String, String)> = expected
+        .iter()
+        .map(|(c, p)| (c.to_string(), p.clone()))
+        .collect();
+    while !missing.is_empty() {
+        let got = next_notification(listener).await;
+        missing.retain(|m| *m != got);
+    }
+}
+
+fn tool_use() -> serde_json::Value {
+    json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "ls"},
+           "evaluated_permission": "allow"})
+}
+
+fn tool_result(call: &str) -> serde_json::Value {
+    json!({"type": "user.tool_result", "tool_use_id": call,
+           "content": [{"type": "text", "text": "out"}]})
+}
+
+/// The api's own statements notify for themselves (migration 9): a worker's
+/// fenced result and an operator's send are silent while the process is
+/// alone, and send what the triggers would once another process listens.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn the_apis_own_statements_notify_as_the_triggers_would(db: PgPool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    app.send(&s, json!([user_message("start")]))
+        .await
+        .expect(200);
+    let token = app.claim_session_work().await.token;
+    let calls = append_agent_events(&app.db, &s, vec![tool_use(), tool_use()])
+        .await
+        .unwrap();
+    let call = |i: usize| calls[i]["id"].as_str().unwrap().to_string();
+    let mut observer = PgListener::connect_with(&app.db).await.unwrap();
+    observer
+        .listen_all(["mango_events", "mango_outbox"])
+        .await
+        .unwrap();
+    let fenced = app.ctx.metrics.fenced_results.load(Relaxed);
+
+    // Alone: the result commits without a notification; the first one the
+    // observer gets is another client's write.
+    app.send_as(&s, &token, json!([tool_result(&call(0))]))
+        .await
+        .expect(200);
+    assert_eq!(app.ctx.metrics.fenced_results.load(Relaxed), fenced + 1);
+    append_agent_events(
+        &app.db,
+        &s,
+        vec![json!({"type": "agent.message", "content": []})],
+    )
+    .await
+    .unwrap();
+    let seq = last_seq(&app.db, &s).await;
+    assert_eq!(
+        next_notification(&mut observer).await,
+        ("mango_events".to_string(), format!("{s} {seq}")),
+        "the fenced result sent nothing while its process was alone"
+    );
+
+    // Another process listens: the fenced result sends both notifications.
+    let (_b, _stop) = second_process(&app.db).await;
+    app.send_as(&s, &token, json!([tool_result(&call(1))]))
+        .await
+        .expect(200);
+    assert_eq!(app.ctx.metrics.fenced_results.load(Relaxed), fenced + 2);
+    let seq = last_seq(&app.db, &s).await;
+    until_notified(
+        &mut observer,
+        &[
+            ("mango_events", format!("{s} {seq}")),
+            ("mango_outbox", s.clone()),
+        ],
+    )
+    .await;
+
+    // So does the locking path's append of runnable input.
+    app.send(&s, json!([user_message("more")]))
+        .await
+        .expect(200);
+    let seq = last_seq(&app.db, &s).await;
+    until_notified(
+        &mut observer,
+        &[
+            ("mango_events", format!("{s} {seq}")),
+            ("mango_outbox", s.clone()),
+        ],
+    )
+    .await;
+}
+
+/// The triggers skip only what a statement marked as announced: a log growth
+/// to the `notified_seq` it set, an outbox row with `notified`.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn the_triggers_skip_only_writes_marked_as_notified(db: PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    let mut observer = PgListener::connect_with(&app.db).await.unwrap();
+    observer
+        .listen_all(["mango_events", "mango_outbox"])
+        .await
+        .unwrap();
+    // Written by the test's pool, which is not a registered process: every
+    // unmarked write notifies.
+    let grow = |notified: bool| {
+        let sql = if notified {
+            "UPDATE sessions SET last_seq = last_seq + 1, notified_seq = last_seq + 1 WHERE id = $1"
+        } else {
+            "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1"
+        };
+        sqlx::query(sql).bind(s.clone()).execute(&app.db)
+    };
+    let wake = |notified: bool| {
+        sqlx::query(
+            "INSERT INTO outbox (session_id, last_seq, created_at, notified) VALUES ($1, 0, now(), $2)",
+        )
+        .bind(s.clone())
+        .bind(notified)
+        .execute(&app.db)
+    };
+    grow(true).await.unwrap();
+    wake(true).await.unwrap();
+    grow(false).await.unwrap();
+    let seq = last_seq(&app.db, &s).await;
+    assert_eq!(
+        next_notification(&mut observer).await,
+        ("mango_events".to_string(), format!("{s} {seq}")),
+        "the marked growth and wake-up were skipped, the unmarked growth was not"
+    );
+    // A later growth past a stale mark notifies too.
+    grow(false).await.unwrap();
+    assert_eq!(
+        next_notification(&mut observer).await,
+        ("mango_events".to_string(), format!("{s} {}", seq + 1)),
+    );
+    wake(false).await.unwrap();
+    assert_eq!(
+        next_notification(&mut observer).await,
+        ("mango_outbox".to_string(), s.clone()),
     );
 }

@@ -4,6 +4,7 @@
 
 use crate::ids;
 use crate::session_rules::{CallKind, Permission, Status, ToolCall, WORKER_RESULT_ACCEPTED_SQL};
+use crate::wake;
 use mango_protocol::time::{self, Timestamp};
 use serde_json::{json, Map, Value};
 use sqlx::{FromRow, PgConnection, PgExecutor};
@@ -360,7 +361,7 @@ async fn append_if_unchanged(
     .bind(&calls.confirmations)
     .fetch_one(&mut *db)
     .await?;
-    let (written,): (i64,) = sqlx::FromRow::from_row(&done)?;
+    let (written, _notified): (i64, i64) = sqlx::FromRow::from_row(&done)?;
     if written == 0 {
         return Ok(None);
     }
@@ -417,9 +418,9 @@ fn append_statement(parts: StatementParts) -> &'static str {
 fn build_append_statement(parts: StatementParts) -> String {
     let mut sql = String::from(
         "WITH fence AS (
-             UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
+             UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5, notified_seq = $7
              WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
-             RETURNING id
+             RETURNING id, last_seq
          ),
          events AS (
              INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
@@ -463,11 +464,14 @@ fn build_append_statement(parts: StatementParts) -> String {
         sql.push_str(
             ",
          outbox AS (
-             INSERT INTO outbox (session_id, last_seq, created_at) SELECT fence.id, $7, $5 FROM fence
+             INSERT INTO outbox (session_id, last_seq, created_at, notified)
+             SELECT fence.id, $7, $5, true FROM fence
          )",
         );
     }
-    sql.push_str("\n         SELECT count(*) FROM fence");
+    sql.push_str(",\n         ");
+    sql.push_str(&wake::notify_cte(parts.outbox));
+    sql.push_str("\n         SELECT count(*), (SELECT count(*) FROM notify) FROM fence");
     sql
 }
 
@@ -613,7 +617,8 @@ pub async fn answer_open_call(
                    AND EXISTS (SELECT 1 FROM work WHERE id = $7 AND row_version = $8)
              ),
              fence AS (
-                 UPDATE sessions s SET last_seq = s.last_seq + 1, updated_at = $5
+                 UPDATE sessions s SET last_seq = s.last_seq + 1, updated_at = $5,
+                                       notified_seq = s.last_seq + 1
                  FROM seen
                  WHERE s.id = seen.id AND s.last_seq = seen.last_seq
                    AND s.archived_at IS NULL AND s.status <> 'terminated'
@@ -633,17 +638,19 @@ pub async fn answer_open_call(
                  FROM fence WHERE t.session_id = $1 AND t.id = $2
              ),
              outbox AS (
-                 INSERT INTO outbox (session_id, last_seq, created_at)
-                 SELECT fence.id, fence.last_seq, $5 FROM fence
-             )
-             SELECT last_seq, thread_id FROM fence"
+                 INSERT INTO outbox (session_id, last_seq, created_at, notified)
+                 SELECT fence.id, fence.last_seq, $5, true FROM fence
+             ),
+             {notify}
+             SELECT last_seq, thread_id, (SELECT count(*) FROM notify) FROM fence",
+            notify = wake::notify_cte(true)
         )
     });
     let id = ids::new_id("sevt");
     event.insert("id".into(), Value::String(id.clone()));
     event.insert("processed_at".into(), Value::String(time::format(&now)));
     let mut body = Value::Object(event);
-    let written: Option<(i64, Option<String>)> = sqlx::query_as(STATEMENT.as_str())
+    let written: Option<(i64, Option<String>, i64)> = sqlx::query_as(STATEMENT.as_str())
         .bind(session_id)
         .bind(call_id)
         .bind(kind.as_str())
@@ -654,7 +661,7 @@ pub async fn answer_open_call(
         .bind(claim.row_version)
         .fetch_optional(db)
         .await?;
-    Ok(written.map(|(seq, thread)| {
+    Ok(written.map(|(seq, thread, _notified)| {
         if let (Some(thread), Value::Object(fields)) = (thread, &mut body) {
             fields.insert("session_thread_id".into(), Value::String(thread));
         }
