@@ -721,6 +721,48 @@ async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
     ts.shutdown().await;
 }
 
+/// The function that writes each call's completion marker belongs to the
+/// runner: a command can neither replace nor remove it, and the shell state a
+/// command may leave behind (IFS, `set -u`, a `printf` of its own) does not
+/// change how the next call ends.
+#[tokio::test]
+async fn bash_commands_cannot_take_over_the_completion_marker() {
+    let (_d, _root, mut ts) = setup();
+    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
+    let pid = text(&o);
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "__mango_done() { echo hijacked; }; unset -f __mango_done; echo after", "timeout_ms": 20000}),
+    )
+    .await;
+    let out = text(&o);
+    assert!(out.contains("readonly function"), "{out}");
+    assert!(out.contains("after"), "{out}");
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "IFS=0123456789abcdef; set -u; printf() { echo fake; }; false", "timeout_ms": 20000}),
+    )
+    .await;
+    assert!(o.is_error);
+    assert_eq!(text(&o), "[exit code: 1]");
+    let o = call(&mut ts, "bash", json!({"command": "(exit 10)"})).await;
+    assert_eq!(
+        text(&o),
+        "[exit code: 10]",
+        "the status survives a hostile IFS"
+    );
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "unset -f printf; IFS=' '; echo $$"}),
+    )
+    .await;
+    assert_eq!(text(&o), pid, "still the same shell");
+    ts.shutdown().await;
+}
+
 #[tokio::test]
 async fn bash_timeout_closes_shell() {
     let (_d, _root, mut ts) = setup();

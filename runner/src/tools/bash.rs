@@ -8,21 +8,27 @@
 //! jobs survive between calls.
 //!
 //! Framing: each command is sent as
-//! `eval '<command>' </dev/null 99>&-; printf '%s%s_DONE__%d\n' '__MANGO_CMD_' '<hex>' "$?" >&99`
+//! `eval '<command>' </dev/null 99>&-; __mango_done '<hex>' "$?"`
 //! (the `eval` builtin is the brace group: its redirection covers the whole
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
-//! quote swallow the framing). The sentinel goes to fd 99, the shell's own
-//! copy of the PTY (made by its first line, `exec 99>&1`, and hidden from
-//! each command, which cannot inherit or replace it), so a command that
-//! moves its own output (`exec >log 2>&1`) still ends promptly; what it
-//! redirected stays redirected, as in any shell. bash reads a pipe one byte per `read` so as not
-//! to consume input meant for its children, so a command longer than 4 KiB is
+//! quote swallow the framing). `__mango_done` writes the completion marker
+//! `__MANGO_CMD_<hex>_DONE__<status>` to fd 99, the shell's own copy of the
+//! PTY. Both are made by the shell's first line (`exec 99>&1`, and the
+//! function, read-only so no command can redefine or unset it, calling
+//! `builtin printf` so no command's function takes its place); fd 99 is
+//! hidden from each command, which cannot inherit or replace it, so a command
+//! that moves its own output (`exec >log 2>&1`) still ends promptly; what it
+//! redirected stays redirected, as in any shell. bash reads a pipe one byte
+//! per `read` so as not to consume input meant for its children, so the line
+//! is kept short (the marker's `printf` written out in every line was half
+//! of it), and a command longer than 4 KiB is
 //! written to a file in a private (0700) directory instead and the shell is
 //! sent `. '<dir>/command' …` (`.` runs it in the current shell with the same
 //! containment: a syntax error makes `.` return 2); a 100 KB heredoc went from
-//! 28 ms of reads to 8 ms. The sentinel is split so its literal never appears
-//! in the written text, and its random part is fresh per call. Reading stops
+//! 28 ms of reads to 8 ms. The marker's literal never appears in the written
+//! text (the function assembles it), and its random part is fresh per call
+//! (64 bits). Reading stops
 //! at the sentinel; a missing sentinel (shell died) or garbage after it
 //! closes the shell. Timeout, cancellation, shell death or corrupt framing
 //! close the shell (SIGTERM to the group, SIGKILL after a short grace); the
@@ -61,6 +67,9 @@ const INLINE_COMMAND_LIMIT: usize = 4096;
 const SENTINEL_FD: u32 = 99;
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
+/// The shell function that writes a call's completion marker (read-only, so a
+/// command can neither redefine nor unset it).
+const MARKER_FN: &str = "__mango_done";
 
 struct BashArgs {
     command: Option<String>,
@@ -280,7 +289,7 @@ struct Shell {
     /// The PTY reported end of file (no slave holders left).
     eof: bool,
     /// The shell has been sent `exec 99>&1` (with its first command).
-    marker_fd_made: bool,
+    framing_ready: bool,
 }
 
 /// A private directory holding the command file, removed with the shell.
@@ -441,7 +450,7 @@ impl Shell {
             master,
             exited: None,
             eof: false,
-            marker_fd_made: false,
+            framing_ready: false,
         })
     }
 
@@ -465,7 +474,7 @@ impl Shell {
         cancel: &CancellationToken,
     ) -> Outcome {
         self.drain_pending();
-        let mut id = [0u8; 16];
+        let mut id = [0u8; 8];
         rand::thread_rng().fill_bytes(&mut id);
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let sentinel = format!("{SENTINEL_PREFIX}{hex}{SENTINEL_SUFFIX}");
@@ -475,19 +484,20 @@ impl Shell {
             }
             _ => None,
         };
-        let setup = if self.marker_fd_made {
+        let setup = if self.framing_ready {
             String::new()
         } else {
-            format!("exec {SENTINEL_FD}>&1\n")
+            format!(
+                "exec {SENTINEL_FD}>&1; {MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; }}; readonly -f {MARKER_FN}\n"
+            )
         };
         let run = match via_file {
             Some(file) => format!(". {}", single_quoted(&file.to_string_lossy())),
             None => format!("eval {}", single_quoted(command)),
         };
-        let script = format!(
-            "{setup}{run} </dev/null {SENTINEL_FD}>&-; printf '%s%s{SENTINEL_SUFFIX}%d\\n' '{SENTINEL_PREFIX}' '{hex}' \"$?\" >&{SENTINEL_FD}\n"
-        );
-        self.marker_fd_made = true;
+        let script =
+            format!("{setup}{run} </dev/null {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"\n");
+        self.framing_ready = true;
 
         let mut out = OutputBuffer::default();
         let write = async {
