@@ -56,14 +56,31 @@ async fn a_commit_notifies_unless_its_process_is_the_only_one_registered(db: PgP
     assert!(wanted(&db, "psql", &[a]).await, "another client: notify");
 }
 
-/// The first `mango_events` notification `listener` receives.
-async fn next_event_notification(listener: &mut PgListener) -> String {
-    timeout(Duration::from_secs(5), listener.recv())
+/// The next notification on any channel `listener` listens to: (channel, payload).
+async fn next_notification(listener: &mut PgListener) -> (String, String) {
+    let n = timeout(Duration::from_secs(5), listener.recv())
         .await
         .expect("a notification within 5 s")
-        .unwrap()
-        .payload()
-        .to_string()
+        .unwrap();
+    (n.channel().to_string(), n.payload().to_string())
+}
+
+/// What a `mango_events` notification says of Session `session` at `seq`.
+fn grew(session: &str, seq: i64) -> (String, String) {
+    ("mango_events".to_string(), format!("{session} {seq}"))
+}
+
+/// A write by another client (the test's own pool, not a registered api
+/// process, so it always notifies): the log head it made.
+async fn another_clients_write(db: &PgPool, session: &str) -> i64 {
+    append_agent_events(
+        db,
+        session,
+        vec![json!({"type": "agent.message", "content": []})],
+    )
+    .await
+    .unwrap();
+    last_seq(db, session).await
 }
 
 async fn last_seq(db: &PgPool, session: &str) -> i64 {
@@ -97,18 +114,10 @@ async fn a_process_alone_delivers_its_own_commits_without_notifying(db: PgPool) 
         .expect(200);
     let first = stream.next_event().await.expect("the admitted message");
     assert_eq!(first.json()["type"], "user.message");
-    // A write by another client (the test's own pool) notifies.
-    append_agent_events(
-        &app.db,
-        &s,
-        vec![json!({"type": "agent.message", "content": []})],
-    )
-    .await
-    .unwrap();
-    let seq = last_seq(&app.db, &s).await;
+    let seq = another_clients_write(&app.db, &s).await;
     assert_eq!(
-        next_event_notification(&mut observer).await,
-        format!("{s} {seq}"),
+        next_notification(&mut observer).await,
+        grew(&s, seq),
         "the first notification is the other client's commit: the api's own sent none"
     );
     let second = stream.next_event().await.expect("the other client's event");
@@ -162,10 +171,7 @@ async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
         .await
         .expect(200);
     let seq = last_seq(&app.db, &s).await;
-    assert_eq!(
-        next_event_notification(&mut observer).await,
-        format!("{s} {seq}")
-    );
+    assert_eq!(next_notification(&mut observer).await, grew(&s, seq));
 
     // B exits: its row stays (its commits' readers are gone, so notifying
     // costs only a little) until a process registers and clears it.
@@ -201,21 +207,9 @@ async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
     );
 }
 
-/// The next notification on any channel `listener` listens to: (channel, payload).
-async fn next_notification(listener: &mut PgListener) -> (String, String) {
-    let n = timeout(Duration::from_secs(5), listener.recv())
-        .await
-        .expect("a notification within 5 s")
-        .unwrap();
-    (n.channel().to_string(), n.payload().to_string())
-}
-
 /// Waits until every one of `expected` has been notified (others may come between).
-async fn until_notified(listener: &mut PgListener, expected: &[(&str, String)]) {
-    let mut missing: Vec<(String, String)> = expected
-        .iter()
-        .map(|(c, p)| (c.to_string(), p.clone()))
-        .collect();
+async fn until_notified(listener: &mut PgListener, expected: &[(String, String)]) {
+    let mut missing = expected.to_vec();
     while !missing.is_empty() {
         let got = next_notification(listener).await;
         missing.retain(|m| *m != got);
@@ -261,17 +255,10 @@ async fn the_apis_own_statements_notify_as_the_triggers_would(db: PgPool) {
         .await
         .expect(200);
     assert_eq!(app.ctx.metrics.fenced_results.load(Relaxed), fenced + 1);
-    append_agent_events(
-        &app.db,
-        &s,
-        vec![json!({"type": "agent.message", "content": []})],
-    )
-    .await
-    .unwrap();
-    let seq = last_seq(&app.db, &s).await;
+    let seq = another_clients_write(&app.db, &s).await;
     assert_eq!(
         next_notification(&mut observer).await,
-        ("mango_events".to_string(), format!("{s} {seq}")),
+        grew(&s, seq),
         "the fenced result sent nothing while its process was alone"
     );
 
@@ -284,10 +271,7 @@ async fn the_apis_own_statements_notify_as_the_triggers_would(db: PgPool) {
     let seq = last_seq(&app.db, &s).await;
     until_notified(
         &mut observer,
-        &[
-            ("mango_events", format!("{s} {seq}")),
-            ("mango_outbox", s.clone()),
-        ],
+        &[grew(&s, seq), ("mango_outbox".to_string(), s.clone())],
     )
     .await;
 
@@ -298,10 +282,7 @@ async fn the_apis_own_statements_notify_as_the_triggers_would(db: PgPool) {
     let seq = last_seq(&app.db, &s).await;
     until_notified(
         &mut observer,
-        &[
-            ("mango_events", format!("{s} {seq}")),
-            ("mango_outbox", s.clone()),
-        ],
+        &[grew(&s, seq), ("mango_outbox".to_string(), s.clone())],
     )
     .await;
 }
@@ -341,15 +322,12 @@ async fn the_triggers_skip_only_writes_marked_as_notified(db: PgPool) {
     let seq = last_seq(&app.db, &s).await;
     assert_eq!(
         next_notification(&mut observer).await,
-        ("mango_events".to_string(), format!("{s} {seq}")),
+        grew(&s, seq),
         "the marked growth and wake-up were skipped, the unmarked growth was not"
     );
     // A later growth past a stale mark notifies too.
     grow(false).await.unwrap();
-    assert_eq!(
-        next_notification(&mut observer).await,
-        ("mango_events".to_string(), format!("{s} {}", seq + 1)),
-    );
+    assert_eq!(next_notification(&mut observer).await, grew(&s, seq + 1));
     wake(false).await.unwrap();
     assert_eq!(
         next_notification(&mut observer).await,
