@@ -12,14 +12,16 @@
 //!   fan-out of one Session's SSE stream to many readers;
 //! * `runner`: the item runner's (`mango-worker item`, a separate process)
 //!   tool round trip and peak RSS, against the official Python SDK's
-//!   `EnvironmentWorker` serving the same script on the same server;
+//!   `EnvironmentWorker` serving the same script on the same server, in
+//!   `--runner-rounds` independent rounds (new worker processes each);
 //! * `all` (the default): all five.
 //!
 //! The last line is machine-readable:
 //! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
 //! admitted_events_per_s=… admitted_one_session_per_s=… fanout_p50_ms=… fanout_p99_ms=…
 //! runner_p50_ms=… runner_p99_ms=… sdk_p50_ms=… sdk_p99_ms=… runner_rss_mib=…
-//! sdk_rss_mib=… p50_ratio=… rss_ratio=… floor_p50_ms=…` (`n/a` where the SDK half was skipped)
+//! sdk_rss_mib=… p50_ratio=… rss_ratio=… floor_p50_ms=…` (`n/a` where the SDK half was skipped;
+//! the runner keys are those of the round with the median p50 ratio)
 //! (a single phase prints only its own keys). The database is dropped at the end.
 
 #[path = "mango_bench/depth.rs"]
@@ -107,6 +109,12 @@ struct Cli {
     /// Warm-up tool round trips before them (runner).
     #[arg(long, default_value_t = 5, global = true)]
     runner_warmup: usize,
+    /// Independent rounds of the runner phase, each with new worker
+    /// processes (a few seconds each); the summary reports the round with the
+    /// median p50 ratio. One SDK process's p50 moves by up to 1.7x from the
+    /// next one's, so a single round says little about the ratio.
+    #[arg(long, default_value_t = 5, global = true)]
+    runner_rounds: usize,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -236,7 +244,14 @@ async fn run(cli: &Cli, bench: &Arc<Bench>, command: Command) -> anyhow::Result<
             calls: cli.runner_calls,
             warmup: cli.runner_warmup,
         };
-        summary.runner = Some(runner::run(bench, &opts).await?);
+        let mut rounds = Vec::with_capacity(cli.runner_rounds);
+        for round in 1..=cli.runner_rounds {
+            if cli.runner_rounds > 1 {
+                println!("runner: round {round} of {}", cli.runner_rounds);
+            }
+            rounds.push(runner::run(bench, &opts).await?);
+        }
+        summary.runner = Some(runner::across_rounds(rounds));
     }
     Ok(summary)
 }
@@ -266,6 +281,7 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
     );
     anyhow::ensure!(cli.wake_samples > 0, "--wake-samples must be at least 1");
     anyhow::ensure!(cli.runner_calls > 0, "--runner-calls must be at least 1");
+    anyhow::ensure!(cli.runner_rounds > 0, "--runner-rounds must be at least 1");
     Ok(())
 }
 

@@ -256,6 +256,33 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
     Ok(result)
 }
 
+/// Several rounds: prints each round's p50 ratio and how many meet the
+/// target, and returns the round with the median ratio (the only round when
+/// there is one; the middle round when the SDK half was skipped).
+pub fn across_rounds(mut rounds: Vec<RunnerResult>) -> RunnerResult {
+    let ratios: Option<Vec<f64>> = rounds.iter().map(RunnerResult::p50_ratio).collect();
+    let Some(ratios) = ratios.filter(|r| r.len() > 1) else {
+        return rounds.swap_remove(rounds.len() / 2);
+    };
+    let mut order: Vec<usize> = (0..ratios.len()).collect();
+    order.sort_by(|&a, &b| ratios[a].total_cmp(&ratios[b]));
+    // With an even count, the upper of the two middle rounds.
+    let median = order[ratios.len() / 2];
+    let meeting = ratios.iter().filter(|r| **r <= TARGET_RATIO).count();
+    println!(
+        "runner: p50 ratio by round: {} (median {:.3}; {meeting} of {} rounds at or under {TARGET_RATIO:.3}; median {})",
+        ratios
+            .iter()
+            .map(|r| format!("{r:.3}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        ratios[median],
+        ratios.len(),
+        verdict(ratios[median] <= TARGET_RATIO)
+    );
+    rounds.swap_remove(median)
+}
+
 /// Measured calls per side are split into this many blocks, taken in turn
 /// (each block's order rotated), so a machine that speeds up or slows down
 /// during the run weighs on every side alike.
