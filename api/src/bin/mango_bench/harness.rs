@@ -270,6 +270,19 @@ impl Bench {
         Ok(done.rows_affected())
     }
 
+    /// VACUUM ANALYZE of the bench database, then a CHECKPOINT: what earlier
+    /// phases left for autovacuum and the checkpointer is done now, not on the
+    /// 2 cores while a latency phase measures. Returns what it could not do.
+    pub async fn settle(&self) -> Option<String> {
+        if let Err(err) = sqlx::raw_sql("VACUUM (ANALYZE)").execute(&self.pool).await {
+            return Some(format!("VACUUM: {err}"));
+        }
+        if let Err(err) = sqlx::raw_sql("CHECKPOINT").execute(&self.pool).await {
+            return Some(format!("CHECKPOINT: {err}"));
+        }
+        None
+    }
+
     pub async fn count_rows(&self, filter: &str) -> anyhow::Result<i64> {
         let (n,): (i64,) = sqlx::query_as(&format!(
             "SELECT count(*) FROM work WHERE environment_id = $1 AND {filter}"

@@ -205,6 +205,14 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
 
     // Whatever earlier phases left queued would be polled instead of our items.
     bench.clear_live().await?;
+    let started = Instant::now();
+    match bench.settle().await {
+        None => println!(
+            "runner: settled the database first (VACUUM ANALYZE, CHECKPOINT: {:.1} s), so earlier phases' clean-up does not run while it measures",
+            started.elapsed().as_secs_f64()
+        ),
+        Some(why) => println!("runner: could not settle the database first ({why}); earlier phases' clean-up may weigh on the numbers"),
+    }
     let api = bench.api.with_new_client()?;
     let agent = api.create_agent("bench-runner").await?;
 
