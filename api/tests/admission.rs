@@ -716,12 +716,7 @@ async fn a_fenced_write_racing_another_commit_writes_nothing(db: sqlx::PgPool) {
             }
         }
         let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
-        app.until_a_lock_wait().await;
-        first.commit().await.unwrap();
-        let second = timeout(Duration::from_secs(5), racing)
-            .await
-            .expect("the second write finishes once the row is free")
-            .unwrap();
+        let second = app.commit_past(first, racing, "the second write").await;
         assert!(second.is_none(), "fenced out after {other:?}");
         assert_eq!(app.count_for("session_events", &s).await, events + 1);
         let answers: i64 = sqlx::query_scalar(
@@ -744,19 +739,9 @@ async fn a_fenced_write_racing_the_sessions_deletion_leaves_no_rows(db: sqlx::Pg
     let app = TestApp::start(db).await;
     let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
     assert!(app.count_for("session_events", &s).await > 0);
-    let mut deleting = app.db.begin().await.unwrap();
-    assert!(
-        mango_api::store::sessions::delete(&mut *deleting, "wrkspc_default", &s)
-            .await
-            .unwrap()
-    );
+    let deleting = app.delete_session_uncommitted(&s).await;
     let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
-    app.until_a_lock_wait().await;
-    deleting.commit().await.unwrap();
-    let answer = timeout(Duration::from_secs(5), racing)
-        .await
-        .expect("the answer finishes once the row is free")
-        .unwrap();
+    let answer = app.commit_past(deleting, racing, "the answer").await;
     assert!(
         answer.is_none(),
         "nothing is written into a deleted Session"

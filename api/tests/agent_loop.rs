@@ -332,12 +332,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
     app.stop_work(&claim.id, true).await;
     assert!(app.count_for("outbox", &s).await > 0);
 
-    let mut deleting = app.db.begin().await.unwrap();
-    assert!(
-        mango_api::store::sessions::delete(&mut *deleting, "wrkspc_default", &s)
-            .await
-            .unwrap()
-    );
+    let deleting = app.delete_session_uncommitted(&s).await;
     let step = {
         let (ctx, s) = (app.ctx.clone(), s.clone());
         tokio::spawn(async move {
@@ -348,12 +343,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
     };
     // The step reads the Session (the deletion is not committed) and then
     // waits for a row the deletion holds.
-    app.until_a_lock_wait().await;
-    deleting.commit().await.unwrap();
-    let stepped = tokio::time::timeout(Duration::from_secs(5), step)
-        .await
-        .expect("the step ends once the deletion commits")
-        .unwrap();
+    let stepped = app.commit_past(deleting, step, "the step").await;
     assert!(
         matches!(stepped, Ok(true)),
         "{:?}",

@@ -439,6 +439,38 @@ impl TestApp {
         .expect(204);
     }
 
+    /// Session `session` deleted in a transaction left open: it holds the
+    /// Session's row (and its log's) until committed.
+    pub async fn delete_session_uncommitted(
+        &self,
+        session: &str,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut deleting = self.db.begin().await.unwrap();
+        assert!(
+            mango_api::store::sessions::delete(&mut *deleting, "wrkspc_default", session)
+                .await
+                .unwrap()
+        );
+        deleting
+    }
+
+    /// Lets `racing`, a task that will wait for a row `holder` locks, through:
+    /// waits until it is blocked, commits `holder`, and returns what `racing`
+    /// returned (within 5 s; `what` names it in the failure).
+    pub async fn commit_past<T>(
+        &self,
+        holder: sqlx::Transaction<'static, sqlx::Postgres>,
+        racing: tokio::task::JoinHandle<T>,
+        what: &str,
+    ) -> T {
+        self.until_a_lock_wait().await;
+        holder.commit().await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), racing)
+            .await
+            .unwrap_or_else(|_| panic!("{what} finishes once the row is free"))
+            .unwrap()
+    }
+
     /// Until some statement of this database waits for a row lock.
     pub async fn until_a_lock_wait(&self) {
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
