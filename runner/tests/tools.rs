@@ -866,6 +866,63 @@ async fn bash_output_truncated_to_tail() {
     ts.shutdown().await;
 }
 
+/// Output is read after the marker for quick commands and streamed for
+/// slow or large ones: either way every byte the command printed arrives,
+/// in order, and nothing of the next call's.
+#[tokio::test]
+async fn bash_output_arrives_whole_whether_read_at_the_end_or_streamed() {
+    let (_d, _root, mut ts) = setup();
+    for lines in [1usize, 7, 300, 900, 2_000, 5_000, 12_000, 1, 3] {
+        for round in 0..20 {
+            let command = if round % 2 == 0 {
+                format!("seq 1 {lines}")
+            } else {
+                format!("for i in $(seq 1 {lines}); do echo $i; done")
+            };
+            let o = call(&mut ts, "bash", json!({ "command": command })).await;
+            assert!(!o.is_error, "{}", text(&o));
+            let got = text(&o);
+            let got: Vec<&str> = got.lines().collect();
+            let expected: Vec<String> = (1..=lines).map(|i| i.to_string()).collect();
+            let first_difference = got.iter().zip(&expected).position(|(g, e)| g != e);
+            assert!(
+                got.len() == lines && first_difference.is_none(),
+                "{lines} lines, round {round}: got {} lines, first difference at {first_difference:?}",
+                got.len()
+            );
+        }
+    }
+    ts.shutdown().await;
+}
+
+/// A command that forges or garbles the shell's marker pipe (reaching it
+/// through /proc, the one way left) ends its own call as broken framing: the
+/// shell is closed, and the next call gets a fresh one and says so.
+#[tokio::test]
+async fn bash_garbage_on_the_marker_pipe_closes_the_shell() {
+    let (_d, _root, mut ts) = setup();
+    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
+    let pid = text(&o);
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "echo before; for f in /proc/$$/fd/*; do case $(readlink $f) in pipe:*) echo junk >$f 2>/dev/null;; esac; done; sleep 0.05", "timeout_ms": 20000}),
+    )
+    .await;
+    assert!(o.is_error);
+    let t = text(&o);
+    assert!(
+        t.starts_with("bash: corrupt output framing; the shell was closed"),
+        "{t}"
+    );
+    assert!(t.contains("before"), "{t}");
+    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
+    let t = text(&o);
+    assert!(t.contains("started a fresh shell]"), "{t}");
+    assert_ne!(t.lines().last().unwrap(), pid, "a new shell");
+    ts.shutdown().await;
+}
+
 #[tokio::test]
 async fn bash_fake_sentinel_does_not_end_call() {
     let (_d, _root, mut ts) = setup();

@@ -13,26 +13,34 @@
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
 //! quote swallow the framing). `__mango_done` writes the completion marker
-//! `__MANGO_CMD_<hex>_DONE__<status>` to fd 99, the shell's own copy of the
-//! PTY. Both are made by the shell's first line (`exec 99>&1`, and the
-//! function, read-only so no command can redefine or unset it, calling
-//! `builtin printf` so no command's function takes its place); fd 99 is
-//! hidden from each command, which cannot inherit or replace it, so a command
-//! that moves its own output (`exec >log 2>&1`) still ends promptly; what it
-//! redirected stays redirected, as in any shell. bash reads a pipe one byte
-//! per `read` so as not to consume input meant for its children, so the line
-//! is kept short (the marker's `printf` written out in every line was half
-//! of it), and a command longer than 4 KiB is
-//! written to a file in a private (0700) directory instead and the shell is
-//! sent `. '<dir>/command' …` (`.` runs it in the current shell with the same
-//! containment: a syntax error makes `.` return 2); a 100 KB heredoc went from
-//! 28 ms of reads to 8 ms. The marker's literal never appears in the written
-//! text (the function assembles it), and its random part is fresh per call
-//! (64 bits). Reading stops
-//! at the sentinel; a missing sentinel (shell died) or garbage after it
-//! closes the shell. Timeout, cancellation, shell death or corrupt framing
-//! close the shell (SIGTERM to the group, SIGKILL after a short grace); the
-//! next call starts a fresh shell and says so at the start of its output.
+//! `__MANGO_CMD_<hex>_DONE__<status>` to fd 99, the write end of a pipe of
+//! its own that the shell inherits; the function is defined by the shell's
+//! first line, read-only so no command can redefine or unset it, and calls
+//! `builtin printf` so no command's function takes its place. fd 99 is hidden
+//! from each command, which cannot inherit or replace it, so a command that
+//! moves its own output (`exec >log 2>&1`) still ends promptly; what it
+//! redirected stays redirected, as in any shell, and `/dev/tty` still reaches
+//! the runner, which keeps its own copy of the terminal open. The marker line
+//! must be exactly what the function writes (fresh 64-bit random part per
+//! call); anything else on the pipe is corrupt framing. Output never mixes
+//! with the marker, so no output can end a call early.
+//!
+//! Wake-ups: until the marker arrives or [`QUIET_WINDOW`] passes, the runner
+//! waits on the marker pipe alone and then reads the PTY in one go (a PTY
+//! read that finds nothing first lets the kernel pass on what the shell
+//! wrote, so the output is complete). A quick command thus costs the runner
+//! one wake-up instead of one per chunk the PTY passes on; a longer one has
+//! its output streamed as before, so the PTY never fills for long.
+//!
+//! bash reads a pipe one byte per `read` so as not to consume input meant
+//! for its children, so the line is kept short, and a command longer than
+//! 4 KiB is written to a file in a private (0700) directory instead and the
+//! shell is sent `. '<dir>/command' …` (`.` runs it in the current shell with
+//! the same containment: a syntax error makes `.` return 2); a 100 KB heredoc
+//! went from 28 ms of reads to 8 ms. Timeout, cancellation, shell death or
+//! corrupt framing close the shell (SIGTERM to the group, SIGKILL after a
+//! short grace); the next call starts a fresh shell and says so at the start
+//! of its output.
 
 use std::ffi::CStr;
 use std::io;
@@ -57,14 +65,18 @@ pub const BASH_OUTPUT_LIMIT: usize = 100 * 1024;
 pub const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Grace between SIGTERM and SIGKILL when closing the shell.
 const KILL_GRACE: Duration = Duration::from_millis(300);
-/// How long to keep draining the PTY after the shell process exited.
+/// How long to wait for the exit status of a shell whose marker pipe ended.
 const EXIT_DRAIN: Duration = Duration::from_millis(200);
 /// Longer commands go through the command file (see the framing): writing
 /// and sourcing a file costs a few hundred microseconds, bash's byte-wise
 /// pipe reads about 0.3 µs per byte.
 const INLINE_COMMAND_LIMIT: usize = 4096;
-/// The shell's copy of the PTY that completion markers are written to.
+/// The shell's end of the marker pipe, where completion markers are written.
 const SENTINEL_FD: u32 = 99;
+/// How long a call's output is left to collect in the PTY before the runner
+/// watches it (see [`Shell::execute`]); what a command prints meanwhile
+/// waits in the PTY's 64 KiB buffer.
+const QUIET_WINDOW: Duration = Duration::from_millis(1);
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
 /// The shell function that writes a call's completion marker (read-only, so a
@@ -283,12 +295,21 @@ struct Shell {
     stdin: ChildStdin,
     /// Where commands are written for the shell to source (see the framing).
     commands: Option<CommandDir>,
-    master: AsyncFd<OwnedFd>,
+    /// The PTY's master side, non-blocking; watched by the runtime only while
+    /// a call runs past [`QUIET_WINDOW`].
+    master: OwnedFd,
+    /// The runner's own copy of the PTY's slave side: the terminal stays up
+    /// while a command has moved the shell's output elsewhere (`exec >log`),
+    /// so `/dev/tty` still reaches the runner. The shell's end is told by
+    /// its process and the marker pipe instead.
+    _slave: OwnedFd,
+    /// The read end of the marker pipe (the shell's fd 99).
+    markers: AsyncFd<OwnedFd>,
     /// Exit status once reaped.
     exited: Option<i32>,
     /// The PTY reported end of file (no slave holders left).
     eof: bool,
-    /// The shell has been sent `exec 99>&1` (with its first command).
+    /// The shell has defined the marker function (with its first command).
     framing_ready: bool,
 }
 
@@ -382,6 +403,19 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
     }
 }
 
+/// The marker pipe: (read end, non-blocking; write end), both close-on-exec.
+fn marker_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 fills both fds on success; each is owned at once.
+    unsafe {
+        cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC))?;
+        let (read, write) = (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]));
+        let flags = cvt(libc::fcntl(fds[0], libc::F_GETFL))?;
+        cvt(libc::fcntl(fds[0], libc::F_SETFL, flags | libc::O_NONBLOCK))?;
+        Ok((read, write))
+    }
+}
+
 fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is valid for buf.len() bytes.
     let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
@@ -395,6 +429,8 @@ fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 impl Shell {
     fn spawn(ctx: &ToolContext) -> io::Result<Shell> {
         let (master, slave) = open_pty()?;
+        let (markers, marker_writer) = marker_pipe()?;
+        let slave_copy = slave.try_clone()?;
         let bash = if std::path::Path::new("/bin/bash").exists() {
             "/bin/bash"
         } else {
@@ -410,30 +446,39 @@ impl Shell {
                 .stdout(Stdio::from(slave.try_clone()?))
                 .stderr(Stdio::from(slave))
                 .kill_on_drop(true);
+            let writer = marker_writer.as_raw_fd();
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
-                cmd.pre_exec(|| {
+                cmd.pre_exec(move || {
                     if libc::setsid() < 0 {
                         return Err(io::Error::last_os_error());
                     }
                     // Make the PTY (already on fd 1) the controlling terminal.
                     libc::ioctl(1, libc::TIOCSCTTY as _, 0);
+                    // The marker pipe becomes the shell's fd 99 (dup2 clears
+                    // close-on-exec on the copy; the original keeps it).
+                    if writer == SENTINEL_FD as RawFd {
+                        cvt(libc::fcntl(writer, libc::F_SETFD, 0))?;
+                    } else {
+                        cvt(libc::dup2(writer, SENTINEL_FD as RawFd))?;
+                    }
                     Ok(())
                 });
             }
             cmd.spawn()?
-            // `cmd` (holding the parent's slave copies) is dropped here, so
-            // the PTY reports EOF once the shell and its jobs are gone.
         };
+        // Only the shell holds the marker pipe's write end from here on, so
+        // its death ends the pipe too.
+        drop(marker_writer);
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
         let mut child = child;
         let stdin = child
             .stdin
             .take()
             .ok_or_else(|| io::Error::other("no stdin pipe"))?;
-        // SAFETY: `master` is an OwnedFd moved into the AsyncFd, so its fd
-        // stays open and unchanged for the AsyncFd's whole life.
-        let master = unsafe { AsyncFd::register_with_interest(master, Interest::READABLE) }
+        // SAFETY: the OwnedFd moves into the AsyncFd, so its fd stays open and
+        // unchanged for the AsyncFd's whole life.
+        let markers = unsafe { AsyncFd::register_with_interest(markers, Interest::READABLE) }
             .map_err(io::Error::from)?;
         let commands = match CommandDir::create() {
             Ok(dir) => Some(dir),
@@ -448,6 +493,8 @@ impl Shell {
             stdin,
             commands,
             master,
+            _slave: slave_copy,
+            markers,
             exited: None,
             eof: false,
             framing_ready: false,
@@ -457,14 +504,33 @@ impl Shell {
     /// Discards whatever background jobs printed since the last call.
     fn drain_pending(&mut self) {
         let mut buf = [0u8; 8192];
+        self.read_available(&mut buf, |_| {});
+    }
+
+    /// Reads the PTY until it has nothing more, handing each chunk to `take`.
+    /// A PTY read that finds nothing first waits for the kernel to pass on
+    /// what the shell already wrote (`n_tty_read` flushes the pending buffer
+    /// work before it reports `EAGAIN`), so after the marker this returns all
+    /// of the call's output.
+    fn read_available(&mut self, buf: &mut [u8], mut take: impl FnMut(&[u8])) {
         while !self.eof {
-            match read_fd(self.master.get_ref().as_raw_fd(), &mut buf) {
+            match read_fd(self.master.as_raw_fd(), buf) {
                 Ok(0) => self.eof = true,
-                Ok(_) => continue,
+                Ok(n) => take(&buf[..n]),
                 Err(e) if e.raw_os_error() == Some(libc::EIO) => self.eof = true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             }
         }
+    }
+
+    /// The PTY registered with the runtime, for a call that streams output.
+    /// Callers drop it before the shell (and with it `master`) goes away.
+    fn watch_pty(&self) -> io::Result<AsyncFd<RawFd>> {
+        // SAFETY: `master` is owned by this Shell and only closed when it is
+        // dropped; every watcher is a local of a method borrowing the Shell.
+        unsafe { AsyncFd::register_with_interest(self.master.as_raw_fd(), Interest::READABLE) }
+            .map_err(io::Error::from)
     }
 
     async fn execute(
@@ -488,7 +554,7 @@ impl Shell {
             String::new()
         } else {
             format!(
-                "exec {SENTINEL_FD}>&1; {MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; }}; readonly -f {MARKER_FN}\n"
+                "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; }}; readonly -f {MARKER_FN}\n"
             )
         };
         let run = match via_file {
@@ -523,34 +589,45 @@ impl Shell {
             Some(Ok(())) => {}
         }
 
+        // Until the marker or QUIET_WINDOW, only the marker pipe wakes the
+        // runner: a quick command's output is read in one go after its
+        // marker instead of costing a wake-up per chunk the PTY passes on.
+        let quiet_until = Instant::now() + QUIET_WINDOW;
+        let mut watched: Option<AsyncFd<RawFd>> = None;
+        let mut marker = MarkerLine::default();
         let mut buf = vec![0u8; 16 * 1024];
+        let mut marker_buf = [0u8; 256];
         loop {
-            match out.find_sentinel(sentinel.as_bytes()) {
-                Sentinel::Found(code) => {
-                    return Outcome::Done {
-                        output: out.finish(),
-                        code,
-                    }
+            match marker.status(sentinel.as_bytes()) {
+                MarkerStatus::Pending => {}
+                done => {
+                    drop(watched);
+                    self.read_available(&mut buf, |chunk| out.push(chunk));
+                    return match done {
+                        MarkerStatus::Found(code) => Outcome::Done {
+                            output: out.finish(),
+                            code,
+                        },
+                        _ => Outcome::Broken {
+                            output: out.finish(),
+                            why: "corrupt output framing".into(),
+                        },
+                    };
                 }
-                Sentinel::Corrupt => {
-                    return Outcome::Broken {
-                        output: out.finish(),
-                        why: "corrupt output framing".into(),
-                    }
-                }
-                Sentinel::Pending => {}
             }
-            if self.eof {
+            if self.eof || marker.ended {
+                drop(watched);
                 return self.finish_exited(out).await;
             }
             let Shell {
-                master,
+                markers,
                 child,
                 exited,
                 eof,
                 ..
             } = &mut *self;
             let mut shell_exited = false;
+            let mut start_watching = false;
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
@@ -559,35 +636,44 @@ impl Shell {
                 _ = tokio::time::sleep_until(until.into()) => {
                     return Outcome::TimedOut { output: out.finish() };
                 }
-                r = read_chunk(master, &mut buf) => match r {
-                    Ok(0) => *eof = true,
-                    Ok(n) => out.push(&buf[..n]),
-                    Err(_) => *eof = true,
+                r = read_chunk(markers, &mut marker_buf) => match r {
+                    Ok(0) | Err(_) => marker.ended = true,
+                    Ok(n) => marker.push(&marker_buf[..n]),
                 },
+                r = read_watched(watched.as_ref(), &mut buf) => match r {
+                    Ok(0) | Err(_) => *eof = true,
+                    Ok(n) => out.push(&buf[..n]),
+                },
+                _ = tokio::time::sleep_until(quiet_until.into()), if watched.is_none() => {
+                    start_watching = true;
+                }
                 status = child.wait(), if exited.is_none() => {
                     *exited = Some(status.map(exit_code).unwrap_or(-1));
                     shell_exited = true;
                 }
             }
+            if start_watching {
+                match self.watch_pty() {
+                    Ok(fd) => watched = Some(fd),
+                    Err(err) => {
+                        return Outcome::Broken {
+                            output: out.finish(),
+                            why: format!("cannot watch the terminal: {err}"),
+                        }
+                    }
+                }
+            }
             if shell_exited {
+                drop(watched);
                 return self.finish_exited(out).await;
             }
         }
     }
 
-    /// The shell died before the sentinel: drain what is left and report.
+    /// The shell died before its marker: take what it printed and report.
     async fn finish_exited(&mut self, mut out: OutputBuffer) -> Outcome {
-        let drain_until = Instant::now() + EXIT_DRAIN;
         let mut buf = vec![0u8; 16 * 1024];
-        while !self.eof {
-            let r = tokio::time::timeout_at(drain_until.into(), read_chunk(&self.master, &mut buf))
-                .await;
-            match r {
-                Ok(Ok(0)) | Ok(Err(_)) => self.eof = true,
-                Ok(Ok(n)) => out.push(&buf[..n]),
-                Err(_) => break,
-            }
-        }
+        self.read_available(&mut buf, |chunk| out.push(chunk));
         if self.exited.is_none() {
             if let Ok(Ok(status)) = tokio::time::timeout(EXIT_DRAIN, self.child.wait()).await {
                 self.exited = Some(exit_code(status));
@@ -636,9 +722,9 @@ impl Shell {
     }
 }
 
-async fn read_chunk(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+async fn read_chunk(fd: &AsyncFd<impl AsRawFd>, buf: &mut [u8]) -> io::Result<usize> {
     loop {
-        let mut guard = master.readable().await?;
+        let mut guard = fd.readable().await?;
         match guard.try_io(|inner| read_fd(inner.get_ref().as_raw_fd(), buf)) {
             Ok(Ok(n)) => return Ok(n),
             // Linux reports EIO on the master once no slave holder is left.
@@ -650,20 +736,72 @@ async fn read_chunk(master: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> io::Result<usi
     }
 }
 
-enum Sentinel {
+/// [`read_chunk`] of the PTY once it is watched; until then, never.
+async fn read_watched(pty: Option<&AsyncFd<RawFd>>, buf: &mut [u8]) -> io::Result<usize> {
+    match pty {
+        Some(fd) => read_chunk(fd, buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+enum MarkerStatus {
     Found(i32),
     Pending,
     Corrupt,
+}
+
+/// What the marker pipe carried during one call: exactly one
+/// `<sentinel><status>\n` line, written by the marker function.
+#[derive(Default)]
+struct MarkerLine {
+    bytes: Vec<u8>,
+    /// The pipe reported end of file: the shell is gone.
+    ended: bool,
+}
+
+impl MarkerLine {
+    /// Longer than any marker line: the rest is garbage.
+    const LIMIT: usize = 128;
+    /// An exit status has at most three digits; twelve is already garbage.
+    const MAX_DIGITS: usize = 12;
+
+    fn push(&mut self, data: &[u8]) {
+        let room = Self::LIMIT.saturating_sub(self.bytes.len());
+        self.bytes
+            .extend_from_slice(&data[..data.len().min(room + 1)]);
+    }
+
+    fn status(&self, sentinel: &[u8]) -> MarkerStatus {
+        let (line, complete) = match self.bytes.iter().position(|&b| b == b'\n') {
+            Some(newline) if newline + 1 == self.bytes.len() => (&self.bytes[..newline], true),
+            Some(_) => return MarkerStatus::Corrupt,
+            None => (&self.bytes[..], false),
+        };
+        let seen = line.len().min(sentinel.len());
+        if line[..seen] != sentinel[..seen] {
+            return MarkerStatus::Corrupt;
+        }
+        let digits = &line[seen..];
+        if digits.len() >= Self::MAX_DIGITS || !digits.iter().all(u8::is_ascii_digit) {
+            return MarkerStatus::Corrupt;
+        }
+        if !complete {
+            return MarkerStatus::Pending;
+        }
+        match std::str::from_utf8(digits)
+            .ok()
+            .and_then(|d| d.parse().ok())
+        {
+            Some(code) if seen == sentinel.len() => MarkerStatus::Found(code),
+            _ => MarkerStatus::Corrupt,
+        }
+    }
 }
 
 /// Raw output of one call, bounded in memory (the tail is kept).
 #[derive(Default)]
 struct OutputBuffer {
     buf: Vec<u8>,
-    /// Where the sentinel search resumes.
-    scanned: usize,
-    /// Where the sentinel starts, once seen.
-    sentinel_at: Option<usize>,
     truncated: bool,
 }
 
@@ -672,51 +810,14 @@ impl OutputBuffer {
 
     fn push(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
-        if self.sentinel_at.is_none() && self.buf.len() > 2 * Self::KEEP {
+        if self.buf.len() > 2 * Self::KEEP {
             let cut = self.buf.len() - Self::KEEP;
             self.buf.drain(..cut);
-            self.scanned = self.scanned.saturating_sub(cut);
             self.truncated = true;
         }
     }
 
-    fn find_sentinel(&mut self, sentinel: &[u8]) -> Sentinel {
-        let start = match self.sentinel_at {
-            Some(at) => at,
-            None => {
-                let from = self.scanned.saturating_sub(sentinel.len());
-                let found = self.buf[from..]
-                    .windows(sentinel.len())
-                    .position(|w| w == sentinel)
-                    .map(|p| p + from);
-                match found {
-                    Some(at) => {
-                        self.sentinel_at = Some(at);
-                        at
-                    }
-                    None => {
-                        self.scanned = self.buf.len();
-                        return Sentinel::Pending;
-                    }
-                }
-            }
-        };
-        let rest = &self.buf[start + sentinel.len()..];
-        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-        match rest.get(digits) {
-            None if digits < 12 => Sentinel::Pending,
-            Some(b'\n') | Some(b'\r') if digits > 0 => std::str::from_utf8(&rest[..digits])
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .map_or(Sentinel::Corrupt, Sentinel::Found),
-            _ => Sentinel::Corrupt,
-        }
-    }
-
-    fn finish(mut self) -> String {
-        if let Some(at) = self.sentinel_at {
-            self.buf.truncate(at);
-        }
+    fn finish(self) -> String {
         clean_output(&self.buf, self.truncated)
     }
 }
@@ -752,5 +853,63 @@ pub fn clean_output(raw: &[u8], already_truncated: bool) -> String {
         format!("[output truncated]\n{tail}")
     } else {
         tail.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MarkerLine, MarkerStatus};
+
+    const SENTINEL: &[u8] = b"__MANGO_CMD_0123456789abcdef_DONE__";
+
+    fn status(chunks: &[&[u8]]) -> MarkerStatus {
+        let mut line = MarkerLine::default();
+        for chunk in chunks {
+            line.push(chunk);
+        }
+        line.status(SENTINEL)
+    }
+
+    #[test]
+    fn a_marker_line_ends_the_call_with_its_status_even_in_pieces() {
+        assert!(matches!(
+            status(&[b"__MANGO_CMD_0123456789abcdef_DONE__0\n"]),
+            MarkerStatus::Found(0)
+        ));
+        assert!(matches!(
+            status(&[b"__MANGO_CMD_01234", b"56789abcdef_DONE__1", b"27\n"]),
+            MarkerStatus::Found(127)
+        ));
+        assert!(matches!(status(&[]), MarkerStatus::Pending));
+        assert!(matches!(
+            status(&[b"__MANGO_CMD_0123456789abcdef_DONE__12"]),
+            MarkerStatus::Pending
+        ));
+    }
+
+    #[test]
+    fn anything_else_on_the_marker_pipe_is_corrupt_framing() {
+        for bad in [
+            &b"junk\n"[..],
+            b"j",
+            b"__MANGO_CMD_ffffffffffffffff_DONE__0\n",
+            b"__MANGO_CMD_0123456789abcdef_DONE__\n",
+            b"__MANGO_CMD_0123456789abcdef_DONE__1x\n",
+            b"__MANGO_CMD_0123456789abcdef_DONE__-1\n",
+            b"__MANGO_CMD_0123456789abcdef_DONE__999999999999\n",
+            b"__MANGO_CMD_0123456789abcdef_DONE__0\nmore",
+            b"__MANGO_CMD_0123456789abcdef_DONE__000000000000",
+            b"__MANGO_CMD_0123456789abcdef_DONE__1 ",
+        ] {
+            assert!(
+                matches!(status(&[bad]), MarkerStatus::Corrupt),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // Without a newline, a line longer than any marker is garbage.
+        let mut long = SENTINEL.to_vec();
+        long.extend(std::iter::repeat_n(b'1', 200));
+        assert!(matches!(status(&[&long]), MarkerStatus::Corrupt));
     }
 }
