@@ -5,8 +5,8 @@
 //! or when the lease ends. A dropped stream reconnects and reconciles again,
 //! so a call is neither repeated nor dropped.
 
-use crate::calls::Calls;
-use crate::tools::Toolset;
+use crate::calls::{Call, Calls};
+use crate::tools::{ToolOutput, Toolset};
 use mango_client::{Client, StreamFrame};
 use serde_json::json;
 use std::time::Duration;
@@ -86,16 +86,8 @@ pub async fn run(
             }
             while let Some(call) = calls.next_runnable(Toolset::owns) {
                 calls.mark_started(&call.id);
-                // The line is written once the tool has started (the first
-                // poll sends bash its command), while the tool runs: it costs
-                // a tenth of a fast call's round trip on a small VM.
-                let announce = async {
-                    tracing::info!(session_id, call_id = %call.id, tool = %call.name, "running tool call");
-                };
-                let (output, ()) = tokio::join!(
-                    toolset.run(&call.name, &call.input, lost.child_token()),
-                    announce
-                );
+                let started = Instant::now();
+                let output = run_announced(toolset, &call, lost.child_token(), session_id).await;
                 if lost.is_cancelled() {
                     return SessionEnd::LeaseEnded;
                 }
@@ -106,15 +98,27 @@ pub async fn run(
                     "is_error": output.is_error,
                 });
                 // Results are idempotent by call id, so the client's retries are safe.
-                if let Err(err) = client.send_events(session_id, vec![result]).await {
-                    if err.is_transient() {
+                match client.send_events(session_id, vec![result]).await {
+                    Ok(_) => tracing::info!(
+                        session_id,
+                        call_id = %call.id,
+                        tool = %call.name,
+                        is_error = output.is_error,
+                        ms = started.elapsed().as_millis() as u64,
+                        "tool call answered"
+                    ),
+                    Err(err) if err.is_transient() => {
                         return SessionEnd::ResultUndelivered(err.to_string());
                     }
-                    if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404)) {
+                    Err(err)
+                        if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404)) =>
+                    {
                         return SessionEnd::Rejected(err.to_string());
                     }
                     // Refused for good (e.g. the call was answered or denied meanwhile): carry on.
-                    tracing::warn!(session_id, call_id = %call.id, error = %err, "the tool result was refused");
+                    Err(err) => {
+                        tracing::warn!(session_id, call_id = %call.id, error = %err, "the tool result was refused")
+                    }
                 }
             }
             idle_since = match (calls.is_idle_after_end_turn(), idle_since) {
@@ -142,6 +146,30 @@ pub async fn run(
                 // Closed by the server: the token may be gone; reconnecting tells.
                 None => continue 'connect,
             }
+        }
+    }
+}
+
+/// A call still running after this is logged as it runs; every call is
+/// logged once answered. (A line before every call cost a quick call about a
+/// twentieth of its round trip on a 2-vCPU machine, in the runner's CPU and
+/// its wake-up of the shell.)
+const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
+
+async fn run_announced(
+    toolset: &mut Toolset,
+    call: &Call,
+    cancel: CancellationToken,
+    session_id: &str,
+) -> ToolOutput {
+    let run = toolset.run(&call.name, &call.input, cancel);
+    tokio::pin!(run);
+    tokio::select! {
+        biased;
+        output = &mut run => output,
+        _ = tokio::time::sleep(ANNOUNCE_AFTER) => {
+            tracing::info!(session_id, call_id = %call.id, tool = %call.name, "tool call running");
+            run.await
         }
     }
 }

@@ -331,6 +331,24 @@ async fn allow_runs_ask_waits_for_an_http_confirmation_and_deny_never_runs(db: s
     for id in [allow1, allow2, ask_yes, &later[0]] {
         assert_eq!(results_of(&operator, &session_id, id).await.len(), 1);
     }
+    // The operator's record: one line per call run, with its outcome; none
+    // for the calls that never ran.
+    let log = runner.log();
+    for id in [allow1, allow2, ask_yes, &later[0]] {
+        let answered: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("tool call answered") && l.contains(id.as_str()))
+            .collect();
+        assert_eq!(answered.len(), 1, "{id}: {log}");
+        assert!(
+            answered[0].contains("\"is_error\":false"),
+            "{}",
+            answered[0]
+        );
+    }
+    for never in [ask_no, deny] {
+        assert!(!log.contains(never.as_str()), "{never} never ran: {log}");
+    }
 }
 
 // ------------------------------------------------------------------ 2. the lease
