@@ -19,7 +19,7 @@ use crate::store::sessions::{self, LoggedEvent};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
 
@@ -34,10 +34,20 @@ struct Feed {
     wanted: AtomicI64,
 }
 
+/// Sees each event at the moment its feed broadcasts it: the one instant
+/// every stream of the Session shares, before any of them is scheduled.
+/// `mango-bench` stamps admissions here.
+pub type PublicationObserver = Box<dyn Fn(&str, &LoggedEvent) + Send + Sync>;
+
 impl Feed {
     /// Broadcasts the part of `events` (ascending, contiguous) that follows on
-    /// from what was delivered; `false` when they leave a gap.
-    fn deliver(&self, events: impl IntoIterator<Item = LoggedEvent>) -> bool {
+    /// from what was delivered, showing each to `observe` first; `false` when
+    /// they leave a gap.
+    fn deliver(
+        &self,
+        events: impl IntoIterator<Item = LoggedEvent>,
+        observe: impl Fn(&LoggedEvent),
+    ) -> bool {
         let mut delivered = self.delivered.lock().expect("feed lock");
         let Some(last) = delivered.as_mut() else {
             return false;
@@ -50,6 +60,7 @@ impl Feed {
                 return false;
             }
             *last = event.seq;
+            observe(&event);
             let _ = self.tx.send(event);
         }
         true
@@ -72,6 +83,7 @@ impl Feed {
 pub struct SessionFeeds {
     db: PgPool,
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    observer: OnceLock<PublicationObserver>,
 }
 
 /// Events per read, and the broadcast buffer (a stream further behind re-reads the database).
@@ -85,6 +97,20 @@ impl SessionFeeds {
         SessionFeeds {
             db,
             feeds: Mutex::default(),
+            observer: OnceLock::new(),
+        }
+    }
+
+    /// Installs the one [`PublicationObserver`]; `false` if there is one already.
+    pub fn observe_publications(&self, observer: PublicationObserver) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
+    fn observed<'a>(&'a self, id: &'a str) -> impl Fn(&LoggedEvent) + 'a {
+        move |event| {
+            if let Some(observe) = self.observer.get() {
+                observe(id, event)
+            }
         }
     }
 
@@ -120,7 +146,7 @@ impl SessionFeeds {
             return;
         }
         if let Some(feed) = self.feed(id) {
-            if !feed.deliver(events.iter().cloned()) {
+            if !feed.deliver(events.iter().cloned(), self.observed(id)) {
                 feed.want(i64::MAX);
             }
         }
@@ -182,7 +208,7 @@ impl SessionFeeds {
                 match sessions::events_after(&self.db, &id, from, BATCH).await {
                     Ok(rows) => {
                         let full = rows.len() as i64 == BATCH;
-                        feed.deliver(rows.into_iter().map(LoggedEvent::from));
+                        feed.deliver(rows.into_iter().map(LoggedEvent::from), self.observed(&id));
                         if !full {
                             break;
                         }
@@ -237,7 +263,7 @@ mod tests {
     #[test]
     fn a_publication_that_follows_on_is_broadcast() {
         let (feed, mut rx) = feed_at(Some(4));
-        assert!(feed.deliver(events(5..=7)));
+        assert!(feed.deliver(events(5..=7), |_| {}));
         assert_eq!(received(&mut rx), vec![5, 6, 7]);
         assert!(feed.has_delivered(7));
         assert!(!feed.has_delivered(8));
@@ -246,16 +272,34 @@ mod tests {
     #[test]
     fn what_was_delivered_already_is_skipped() {
         let (feed, mut rx) = feed_at(Some(6));
-        assert!(feed.deliver(events(5..=8)));
+        assert!(feed.deliver(events(5..=8), |_| {}));
         assert_eq!(received(&mut rx), vec![7, 8]);
-        assert!(feed.deliver(events(3..=4)));
+        assert!(feed.deliver(events(3..=4), |_| {}));
         assert!(received(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn the_observer_sees_exactly_what_is_broadcast_before_any_stream_does() {
+        let (feed, mut rx) = feed_at(Some(4));
+        let seen = std::cell::RefCell::new(Vec::new());
+        let observe = |e: &LoggedEvent| {
+            assert_eq!(rx.len() as i64, e.seq - 5, "observed before it is sent");
+            seen.borrow_mut().push(e.seq)
+        };
+        assert!(feed.deliver(events(3..=6), observe));
+        assert!(!feed.deliver(events(8..=9), |e| seen.borrow_mut().push(e.seq)));
+        assert_eq!(
+            *seen.borrow(),
+            vec![5, 6],
+            "skipped and gapped events are not observed"
+        );
+        assert_eq!(received(&mut rx), vec![5, 6]);
     }
 
     #[test]
     fn a_gap_is_not_broadcast_and_asks_for_a_read() {
         let (feed, mut rx) = feed_at(Some(4));
-        assert!(!feed.deliver(events(6..=7)));
+        assert!(!feed.deliver(events(6..=7), |_| {}));
         assert!(received(&mut rx).is_empty());
         assert!(!feed.has_delivered(5));
     }
@@ -263,7 +307,7 @@ mod tests {
     #[test]
     fn nothing_is_broadcast_before_the_feed_knows_where_the_log_stood() {
         let (feed, mut rx) = feed_at(None);
-        assert!(!feed.deliver(events(1..=2)));
+        assert!(!feed.deliver(events(1..=2), |_| {}));
         assert!(received(&mut rx).is_empty());
         assert!(!feed.has_delivered(0));
     }

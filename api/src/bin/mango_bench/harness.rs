@@ -16,9 +16,16 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
+use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// An event as the api published it: the instant its Session's feed
+/// broadcast it (right after the commit, in the committing task), and the event.
+pub type Publication = (Instant, Arc<Value>);
+type PublicationRoutes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Publication>>>>;
 
 pub struct Bench {
     admin: PgConnectOptions,
@@ -37,6 +44,7 @@ pub struct Bench {
     pub client: tokio::runtime::Handle,
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     server: Mutex<Option<tokio::task::JoinHandle<anyhow::Result<()>>>>,
+    publications: PublicationRoutes,
 }
 
 /// A polled item: its id and the sessions token decoded from its secret.
@@ -142,6 +150,15 @@ impl Bench {
         MIGRATOR.run(&pool).await.context("migration failed")?;
 
         let ctx = ApiContext::new(pool.clone(), Settings::default());
+        let publications = PublicationRoutes::default();
+        let routes = publications.clone();
+        ctx.events
+            .observe_publications(Box::new(move |session, event| {
+                let at = Instant::now();
+                if let Some(tx) = routes.lock().expect("routes lock").get(session) {
+                    let _ = tx.send((at, event.body.clone()));
+                }
+            }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -203,7 +220,27 @@ impl Bench {
             client_rt: Mutex::new(Some(client_rt)),
             shutdown: Mutex::new(Some(tx)),
             server: Mutex::new(Some(server)),
+            publications,
         })
+    }
+
+    /// Every event the api publishes to Session `session`'s streams from now
+    /// on, stamped as it is broadcast, until `forget_publications`. A feed
+    /// exists only while the Session has a subscriber: hold one meanwhile.
+    pub fn publications(&self, session: &str) -> mpsc::UnboundedReceiver<Publication> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.publications
+            .lock()
+            .expect("routes lock")
+            .insert(session.to_string(), tx);
+        rx
+    }
+
+    pub fn forget_publications(&self, session: &str) {
+        self.publications
+            .lock()
+            .expect("routes lock")
+            .remove(session);
     }
 
     /// Stops the server, closes the pool and drops the database.

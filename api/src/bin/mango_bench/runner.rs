@@ -9,8 +9,8 @@
 //! in-process through the agent loop's own path ([`emit`]), one at a time. A
 //! sample is the round trip the worker is responsible for: from the
 //! `agent.tool_use` admitted to its `user.tool_result` admitted, both stamped
-//! where the api publishes a commit to its streams (a subscription to the
-//! Session's in-process feed). After the measured calls the worker's peak RSS
+//! as the api broadcasts the commit to the Session's streams (the feed's
+//! publication observer, called in the committing task). After the measured calls the worker's peak RSS
 //! (`VmHWM` of its own process, not of the shell it spawns) is read from
 //! /proc; only then is `session.status_terminated` appended and the worker
 //! waited for.
@@ -628,6 +628,7 @@ impl Participant {
             }
         }
         self.reader.abort();
+        bench.forget_publications(&self.session);
         ended.map_err(|e| anyhow::anyhow!("terminating the session: {e:?}"))?;
         let samples = &mut self.samples;
         if samples.is_empty() {
@@ -696,31 +697,36 @@ async fn claim(api: &Api, session: &str) -> anyhow::Result<mango_protocol::Work>
     }
 }
 
-/// Every `agent.tool_use` and `user.tool_result` of `session`, stamped when
-/// the api publishes its commit to the Session's streams (in-process).
-/// Subscribed before it returns, so nothing admitted afterwards is missed.
+/// Every `agent.tool_use` and `user.tool_result` of `session`, stamped as
+/// the api broadcasts its commit to the Session's streams (in the committing
+/// task, before any stream or this bench is scheduled: a stamp taken when
+/// this task woke would add the bench's own scheduling to every sample).
+/// Subscribed before it returns, which also keeps the Session's feed alive,
+/// so nothing admitted afterwards is missed.
 fn admissions(
     bench: &Bench,
     session: &str,
     tx: mpsc::UnboundedSender<Arrival>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let mut feed = bench.ctx.events.subscribe(session);
+    let mut published = bench.publications(session);
     tokio::spawn(async move {
         loop {
-            match feed.recv().await {
-                Ok(event) => {
-                    let at = Instant::now();
-                    let kind = event.body["type"].as_str().unwrap_or_default();
+            tokio::select! {
+                publication = published.recv() => {
+                    let Some((at, body)) = publication else { return Ok(()) };
+                    let kind = body["type"].as_str().unwrap_or_default();
                     if (kind == "agent.tool_use" || kind == "user.tool_result")
-                        && tx.send((at, (*event.body).clone())).is_err()
+                        && tx.send((at, (*body).clone())).is_err()
                     {
                         return Ok(());
                     }
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    bail!("the bench fell {n} events behind the Session's feed")
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                // Only held for the feed's sake; its events come as publications.
+                received = feed.recv() => match received {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+                },
             }
         }
     })
