@@ -151,14 +151,6 @@ impl Bench {
 
         let ctx = ApiContext::new(pool.clone(), Settings::default());
         let publications = PublicationRoutes::default();
-        let routes = publications.clone();
-        ctx.events
-            .observe_publications(Box::new(move |session, event| {
-                let at = Instant::now();
-                if let Some(tx) = routes.lock().expect("routes lock").get(session) {
-                    let _ = tx.send((at, event.body.clone()));
-                }
-            }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -228,6 +220,16 @@ impl Bench {
     /// on, stamped as it is broadcast, until `forget_publications`. A feed
     /// exists only while the Session has a subscriber: hold one meanwhile.
     pub fn publications(&self, session: &str) -> mpsc::UnboundedReceiver<Publication> {
+        // Installed by the first phase that asks, so the others run without it.
+        let routes = self.publications.clone();
+        self.ctx
+            .events
+            .observe_publications(Box::new(move |session, event| {
+                let at = Instant::now();
+                if let Some(tx) = routes.lock().expect("routes lock").get(session) {
+                    let _ = tx.send((at, event.body.clone()));
+                }
+            }));
         let (tx, rx) = mpsc::unbounded_channel();
         self.publications
             .lock()
