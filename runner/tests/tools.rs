@@ -639,12 +639,31 @@ async fn bash_long_commands_arrive_whole() {
     assert!(!o.is_error, "{}", text(&o));
     assert_eq!(text(&o), "4000\n0");
     assert_eq!(std::fs::read_to_string(root.join("big.txt")).unwrap(), body);
-    // The command file lives outside the workspace.
+    // Commands leave no file behind, in the workspace or anywhere else.
     let entries: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(entries, vec![std::ffi::OsString::from("big.txt")]);
+    // The shell's input keeps what it has not read yet, not the whole
+    // history: after ~1 MB of commands it holds far less in memory.
+    for _ in 0..9 {
+        let o = call(&mut ts, "bash", json!({"command": command})).await;
+        assert_eq!(text(&o), "4000\n0");
+    }
+    let o = call(
+        &mut ts,
+        "bash",
+        json!({"command": "for f in /proc/$$/fd/*; do case $(readlink $f) in *mango-bash-input*) stat -L -c '%s %b %B' $f;; esac; done"}),
+    )
+    .await;
+    let fields: Vec<u64> = text(&o)
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let (size, held) = (fields[0], fields[1] * fields[2]);
+    assert!(size > 1_000_000, "{fields:?}");
+    assert!(held < 400_000, "{fields:?}");
 }
 
 #[tokio::test]

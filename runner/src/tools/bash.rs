@@ -3,27 +3,37 @@
 //! One `bash --noprofile --norc` per session, started lazily in the
 //! workspace, in its own session and process group, with a PTY as its
 //! controlling terminal, stdout and stderr (so programs see a terminal) and a
-//! pipe as its stdin (so the shell is non-interactive: no echo, no prompts,
+//! file as its stdin (so the shell is non-interactive: no echo, no prompts,
 //! no history expansion, no line-length limit). cwd, exports and background
 //! jobs survive between calls.
 //!
-//! Framing: each command is sent as
-//! `eval '<command>' </dev/null 99>&-; __mango_done '<hex>' "$?"`
+//! Input: the shell's stdin is an in-memory file the runner appends to, so
+//! bash reads it in blocks (bash reads a pipe one byte per `read`, so as not
+//! to take input meant for its children: a call's line cost as many reads
+//! as it had bytes, and long commands needed a file of their own). A file
+//! read to its end would end the shell, so every line ends by waiting for
+//! one byte on fd 3, a pipe: the runner appends the next line, then sends
+//! the byte. What the shell has read is handed back to the kernel as it
+//! goes (the file's offsets stay, its memory does not).
+//!
+//! Framing: each call is one line,
+//! `eval '<command>' </dev/null 3<&- 99>&-; __mango_done '<hex>' "$?"; __mango_next`
 //! (the `eval` builtin is the brace group: its redirection covers the whole
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
 //! quote swallow the framing). `__mango_done` writes the completion marker
 //! `__MANGO_CMD_<hex>_DONE__<status>` to fd 99, the write end of a pipe of
-//! its own that the shell inherits; the function is defined by the shell's
-//! first line, read-only so no command can redefine or unset it, and calls
-//! `builtin printf` so no command's function takes its place. fd 99 is hidden
-//! from each command, which cannot inherit or replace it, so a command that
-//! moves its own output (`exec >log 2>&1`) still ends promptly; what it
-//! redirected stays redirected, as in any shell, and `/dev/tty` still reaches
-//! the runner, which keeps its own copy of the terminal open. The marker line
-//! must be exactly what the function writes (fresh 64-bit random part per
-//! call); anything else on the pipe is corrupt framing. Output never mixes
-//! with the marker, so no output can end a call early.
+//! its own that the shell inherits; `__mango_next` waits for the next line.
+//! Both are defined before the first call, read-only so no command can
+//! redefine or unset them, and call builtins by `builtin` so no command's
+//! function takes their place. fds 3 and 99 are hidden from each command,
+//! which cannot inherit or replace them, so a command that moves its own
+//! output (`exec >log 2>&1`) still ends promptly; what it redirected stays
+//! redirected, as in any shell, and `/dev/tty` still reaches the runner,
+//! which keeps its own copy of the terminal open. The marker line must be
+//! exactly what the function writes (fresh 64-bit random part per call);
+//! anything else on the pipe is corrupt framing. Output never mixes with the
+//! marker, so no output can end a call early.
 //!
 //! Wake-ups: until the marker arrives or [`QUIET_WINDOW`] passes, the runner
 //! waits on the marker pipe alone and then reads the PTY in one go (a PTY
@@ -32,15 +42,9 @@
 //! one wake-up instead of one per chunk the PTY passes on; a longer one has
 //! its output streamed as before, so the PTY never fills for long.
 //!
-//! bash reads a pipe one byte per `read` so as not to consume input meant
-//! for its children, so the line is kept short, and a command longer than
-//! 4 KiB is written to a file in a private (0700) directory instead and the
-//! shell is sent `. '<dir>/command' …` (`.` runs it in the current shell with
-//! the same containment: a syntax error makes `.` return 2); a 100 KB heredoc
-//! went from 28 ms of reads to 8 ms. Timeout, cancellation, shell death or
-//! corrupt framing close the shell (SIGTERM to the group, SIGKILL after a
-//! short grace); the next call starts a fresh shell and says so at the start
-//! of its output.
+//! Timeout, cancellation, shell death or corrupt framing close the shell
+//! (SIGTERM to the group, SIGKILL after a short grace); the next call starts
+//! a fresh shell and says so at the start of its output.
 
 use std::ffi::CStr;
 use std::io;
@@ -53,8 +57,8 @@ use rand::RngCore;
 use regex::Regex;
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncWriteExt, Interest};
-use tokio::process::{Child, ChildStdin};
+use tokio::io::Interest;
+use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
 use super::{tool_env, Args, ToolContext, ToolOutput};
@@ -67,12 +71,15 @@ pub const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 const KILL_GRACE: Duration = Duration::from_millis(300);
 /// How long to wait for the exit status of a shell whose marker pipe ended.
 const EXIT_DRAIN: Duration = Duration::from_millis(200);
-/// Longer commands go through the command file (see the framing): writing
-/// and sourcing a file costs a few hundred microseconds, bash's byte-wise
-/// pipe reads about 0.3 µs per byte.
-const INLINE_COMMAND_LIMIT: usize = 4096;
 /// The shell's end of the marker pipe, where completion markers are written.
-const SENTINEL_FD: u32 = 99;
+const SENTINEL_FD: RawFd = 99;
+/// The shell's end of the go pipe, where it waits before each call's line.
+const GO_FD: RawFd = 3;
+/// bash reads a seekable input in blocks of at most this many bytes, and
+/// sizes its buffer from the input's size when it starts.
+const SCRIPT_BUFFER: usize = 8192;
+/// How much read script is left in memory before it is handed back.
+const SCRIPT_FREE_EVERY: u64 = 64 * 1024;
 /// How long a call's output is left to collect in the PTY before the runner
 /// watches it (see [`Shell::execute`]); what a command prints meanwhile
 /// waits in the PTY's 64 KiB buffer.
@@ -82,6 +89,8 @@ const SENTINEL_SUFFIX: &str = "_DONE__";
 /// The shell function that writes a call's completion marker (read-only, so a
 /// command can neither redefine nor unset it).
 const MARKER_FN: &str = "__mango_done";
+/// The shell function that waits for the next call's line (read-only too).
+const NEXT_FN: &str = "__mango_next";
 
 struct BashArgs {
     command: Option<String>,
@@ -292,9 +301,15 @@ enum Outcome {
 struct Shell {
     child: Child,
     pgid: i32,
-    stdin: ChildStdin,
-    /// Where commands are written for the shell to source (see the framing).
-    commands: Option<CommandDir>,
+    /// The shell's input: an in-memory file the runner appends each call's
+    /// line to, at `script_end` (the shell's stdin shares it).
+    script: OwnedFd,
+    script_end: u64,
+    /// Up to where the script has been handed back to the kernel.
+    script_freed: u64,
+    /// The write end of the go pipe (the shell's fd 3): one byte per call
+    /// lets the shell read on past the line where it waits.
+    go: OwnedFd,
     /// The PTY's master side, non-blocking; watched by the runtime only while
     /// a call runs past [`QUIET_WINDOW`].
     master: OwnedFd,
@@ -309,33 +324,6 @@ struct Shell {
     exited: Option<i32>,
     /// The PTY reported end of file (no slave holders left).
     eof: bool,
-    /// The shell has defined the marker function (with its first command).
-    framing_ready: bool,
-}
-
-/// A private directory holding the command file, removed with the shell.
-struct CommandDir {
-    dir: std::path::PathBuf,
-    file: std::path::PathBuf,
-}
-
-impl CommandDir {
-    fn create() -> io::Result<CommandDir> {
-        use std::os::unix::fs::DirBuilderExt;
-        let mut id = [0u8; 8];
-        rand::thread_rng().fill_bytes(&mut id);
-        let name: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("mango-bash-{name}"));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        let file = dir.join("command");
-        Ok(CommandDir { dir, file })
-    }
-}
-
-impl Drop for CommandDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// `text` as one single-quoted shell word.
@@ -403,17 +391,101 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
     }
 }
 
-/// The marker pipe: (read end, non-blocking; write end), both close-on-exec.
-fn marker_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A pipe: (read end, write end), both close-on-exec.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 fills both fds on success; each is owned at once.
     unsafe {
         cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC))?;
-        let (read, write) = (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]));
-        let flags = cvt(libc::fcntl(fds[0], libc::F_GETFL))?;
-        cvt(libc::fcntl(fds[0], libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-        Ok((read, write))
+        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
     }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: plain fcntl calls on an fd we own.
+    unsafe {
+        let flags = cvt(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))?;
+        cvt(libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_SETFL,
+            flags | libc::O_NONBLOCK,
+        ))?;
+    }
+    Ok(())
+}
+
+/// `fd` moved above the shell's fds 3 and 99 (close-on-exec).
+fn above_inherited_fds(fd: OwnedFd) -> io::Result<OwnedFd> {
+    // SAFETY: the duplicate is owned at once; the original drops.
+    unsafe {
+        let moved = cvt(libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100))?;
+        Ok(OwnedFd::from_raw_fd(moved))
+    }
+}
+
+/// The shell's input: an anonymous in-memory file, or where that is not
+/// allowed an unnamed file in the temporary directory (close-on-exec; the
+/// shell gets its own copy as stdin). Nothing of it is ever on a path.
+fn script_file() -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create with a static name; the fd is owned at once.
+    let memfd = unsafe { libc::memfd_create(c"mango-bash-input".as_ptr(), libc::MFD_CLOEXEC) };
+    if memfd >= 0 {
+        // SAFETY: a fresh fd nobody else owns.
+        return Ok(unsafe { OwnedFd::from_raw_fd(memfd) });
+    }
+    unnamed_temp_file(&std::env::temp_dir())
+}
+
+/// A file in `dir` that has no name (`O_TMPFILE`), close-on-exec.
+fn unnamed_temp_file(dir: &std::path::Path) -> io::Result<OwnedFd> {
+    let dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::other("temporary directory path contains NUL"))?;
+    // SAFETY: a valid C path; the fd is owned at once.
+    unsafe {
+        let fd = cvt(libc::open(
+            dir.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        ))?;
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Writes all of `data` at `offset`; returns the offset after it.
+fn write_at(fd: &OwnedFd, mut offset: u64, mut data: &[u8]) -> io::Result<u64> {
+    while !data.is_empty() {
+        // SAFETY: data is valid for data.len() bytes.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                data.as_ptr().cast(),
+                data.len(),
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        data = &data[n as usize..];
+        offset += n as u64;
+    }
+    Ok(offset)
+}
+
+/// What the shell reads first: the two read-only framing functions, padding
+/// that makes bash size its input buffer to the maximum (it sizes it from
+/// the file's size when it starts), and the first wait for a call.
+fn script_prologue() -> String {
+    let functions = format!(
+        "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; }}; readonly -f {MARKER_FN}\n\
+         {NEXT_FN}() {{ builtin read -r -u {GO_FD} -N 1 __mango_go; }}; readonly -f {NEXT_FN}\n"
+    );
+    let padding = "#".repeat(SCRIPT_BUFFER.saturating_sub(functions.len()));
+    format!("{functions}{padding}\n{NEXT_FN}\n")
 }
 
 fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
@@ -429,7 +501,12 @@ fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 impl Shell {
     fn spawn(ctx: &ToolContext) -> io::Result<Shell> {
         let (master, slave) = open_pty()?;
-        let (markers, marker_writer) = marker_pipe()?;
+        let (markers, marker_writer) = pipe()?;
+        set_nonblocking(&markers)?;
+        let (go_reader, go) = pipe()?;
+        set_nonblocking(&go)?;
+        let script = script_file()?;
+        let script_end = write_at(&script, 0, script_prologue().as_bytes())?;
         let slave_copy = slave.try_clone()?;
         let bash = if std::path::Path::new("/bin/bash").exists() {
             "/bin/bash"
@@ -442,11 +519,14 @@ impl Shell {
                 .current_dir(&ctx.workspace)
                 .env_clear()
                 .envs(tool_env(&ctx.workspace))
-                .stdin(Stdio::piped())
+                .stdin(Stdio::from(script.try_clone()?))
                 .stdout(Stdio::from(slave.try_clone()?))
                 .stderr(Stdio::from(slave))
                 .kill_on_drop(true);
-            let writer = marker_writer.as_raw_fd();
+            // Above every target, so no dup2 below overwrites another's source.
+            let marker_writer = above_inherited_fds(marker_writer)?;
+            let go_reader = above_inherited_fds(go_reader)?;
+            let (writer, reader) = (marker_writer.as_raw_fd(), go_reader.as_raw_fd());
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
@@ -455,50 +535,62 @@ impl Shell {
                     }
                     // Make the PTY (already on fd 1) the controlling terminal.
                     libc::ioctl(1, libc::TIOCSCTTY as _, 0);
-                    // The marker pipe becomes the shell's fd 99 (dup2 clears
-                    // close-on-exec on the copy; the original keeps it).
-                    if writer == SENTINEL_FD as RawFd {
-                        cvt(libc::fcntl(writer, libc::F_SETFD, 0))?;
-                    } else {
-                        cvt(libc::dup2(writer, SENTINEL_FD as RawFd))?;
-                    }
+                    // The pipes become the shell's fds 99 and 3 (dup2 clears
+                    // close-on-exec on the copies; the originals keep it).
+                    cvt(libc::dup2(writer, SENTINEL_FD))?;
+                    cvt(libc::dup2(reader, GO_FD))?;
                     Ok(())
                 });
             }
             cmd.spawn()?
+            // `cmd` and the originals drop here: only the shell holds the
+            // marker pipe's write end, so its death ends the pipe too.
         };
-        // Only the shell holds the marker pipe's write end from here on, so
-        // its death ends the pipe too.
-        drop(marker_writer);
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
-        let mut child = child;
-        let stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| io::Error::other("no stdin pipe"))?;
         // SAFETY: the OwnedFd moves into the AsyncFd, so its fd stays open and
         // unchanged for the AsyncFd's whole life.
         let markers = unsafe { AsyncFd::register_with_interest(markers, Interest::READABLE) }
             .map_err(io::Error::from)?;
-        let commands = match CommandDir::create() {
-            Ok(dir) => Some(dir),
-            Err(err) => {
-                tracing::warn!(error = %err, "no private temporary directory for bash commands; sending them inline");
-                None
-            }
-        };
         Ok(Shell {
             child,
             pgid,
-            stdin,
-            commands,
+            script,
+            script_end,
+            script_freed: 0,
+            go,
             master,
             _slave: slave_copy,
             markers,
             exited: None,
             eof: false,
-            framing_ready: false,
         })
+    }
+
+    /// Appends one call's line to the script and lets the shell read it.
+    fn send(&mut self, line: &str) -> io::Result<()> {
+        if self.script_end - self.script_freed >= SCRIPT_FREE_EVERY {
+            // Everything before the end has been read: the shell waits at
+            // the end of the previous line. Offsets stay; memory goes.
+            // SAFETY: plain syscall on our own fd.
+            let freed = unsafe {
+                libc::fallocate(
+                    self.script.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    self.script_end as libc::off_t,
+                )
+            };
+            if freed == 0 {
+                self.script_freed = self.script_end;
+            }
+        }
+        self.script_end = write_at(&self.script, self.script_end, line.as_bytes())?;
+        // SAFETY: writes one byte from a valid buffer.
+        let n = unsafe { libc::write(self.go.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        match n {
+            1 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 
     /// Discards whatever background jobs printed since the last call.
@@ -544,49 +636,14 @@ impl Shell {
         rand::thread_rng().fill_bytes(&mut id);
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let sentinel = format!("{SENTINEL_PREFIX}{hex}{SENTINEL_SUFFIX}");
-        let via_file = match &self.commands {
-            Some(dir) if command.len() > INLINE_COMMAND_LIMIT => {
-                std::fs::write(&dir.file, command).ok().map(|()| &dir.file)
-            }
-            _ => None,
-        };
-        let setup = if self.framing_ready {
-            String::new()
-        } else {
-            format!(
-                "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; }}; readonly -f {MARKER_FN}\n"
-            )
-        };
-        let run = match via_file {
-            Some(file) => format!(". {}", single_quoted(&file.to_string_lossy())),
-            None => format!("eval {}", single_quoted(command)),
-        };
-        let script =
-            format!("{setup}{run} </dev/null {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"\n");
-        self.framing_ready = true;
-
+        let line = format!(
+            "eval {} </dev/null {GO_FD}<&- {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"; {NEXT_FN}\n",
+            single_quoted(command)
+        );
         let mut out = OutputBuffer::default();
-        let write = async {
-            self.stdin.write_all(script.as_bytes()).await?;
-            self.stdin.flush().await
-        };
-        // Writing can block if the shell is busy and the pipe is full.
-        let write_result = tokio::select! {
-            r = write => Some(r),
-            _ = tokio::time::sleep_until(until.into()) => None,
-            _ = cancel.cancelled() => return Outcome::Cancelled { output: String::new() },
-        };
-        match write_result {
-            None => {
-                return Outcome::TimedOut {
-                    output: String::new(),
-                }
-            }
-            Some(Err(_)) => {
-                // Broken pipe: the shell is gone.
-                return self.finish_exited(out).await;
-            }
-            Some(Ok(())) => {}
+        if self.send(&line).is_err() {
+            // The go pipe is broken: the shell is gone.
+            return self.finish_exited(out).await;
         }
 
         // Until the marker or QUIET_WINDOW, only the marker pipe wakes the
@@ -858,7 +915,24 @@ pub fn clean_output(raw: &[u8], already_truncated: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{MarkerLine, MarkerStatus};
+    use super::{unnamed_temp_file, write_at, MarkerLine, MarkerStatus};
+    use std::os::fd::AsRawFd;
+
+    /// The fallback input, where memfd_create is not allowed: a file with no
+    /// name that takes appends at any offset and can be read back.
+    #[test]
+    fn the_fallback_input_file_has_no_name_and_takes_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let fd = unnamed_temp_file(dir.path()).unwrap();
+        let end = write_at(&fd, 0, b"first\n").unwrap();
+        let end = write_at(&fd, end, b"second\n").unwrap();
+        assert_eq!(end, 13);
+        let mut buf = [0u8; 32];
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        assert_eq!(&buf[..n as usize], b"first\nsecond\n");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
 
     const SENTINEL: &[u8] = b"__MANGO_CMD_0123456789abcdef_DONE__";
 
