@@ -203,7 +203,11 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<reqwest::Response> {
-        let mut req = self.request(method, path).query(query);
+        let mut req = self.request(method, path);
+        if !query.is_empty() {
+            // (An empty query still has reqwest re-serialise the URL.)
+            req = req.query(query);
+        }
         if let Some(b) = body {
             req = req.json(b);
         }
