@@ -26,6 +26,13 @@ fn text(o: &ToolOutput) -> String {
     o.text_content()
 }
 
+/// The pid of the session's shell (starting it if there is none), as the
+/// last line of a call's output.
+async fn shell_pid(ts: &mut Toolset) -> String {
+    let o = call(ts, "bash", json!({"command": "echo $$"})).await;
+    text(&o).lines().last().unwrap_or_default().to_string()
+}
+
 // ---------------------------------------------------------------- general
 
 #[tokio::test]
@@ -698,8 +705,7 @@ async fn bash_nonzero_exit_and_exit_builtin() {
 #[tokio::test]
 async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
     let (_d, root, mut ts) = setup();
-    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
-    let pid = text(&o);
+    let pid = shell_pid(&mut ts).await;
     let start = Instant::now();
     let o = call(
         &mut ts,
@@ -735,8 +741,7 @@ async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
     )
     .await;
     assert_eq!(text(&o), "back");
-    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
-    assert_eq!(text(&o), pid, "still the same shell");
+    assert_eq!(shell_pid(&mut ts).await, pid, "still the same shell");
     ts.shutdown().await;
 }
 
@@ -747,8 +752,7 @@ async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
 #[tokio::test]
 async fn bash_commands_cannot_take_over_the_completion_marker() {
     let (_d, _root, mut ts) = setup();
-    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
-    let pid = text(&o);
+    let pid = shell_pid(&mut ts).await;
     let o = call(
         &mut ts,
         "bash",
@@ -920,8 +924,7 @@ async fn bash_output_arrives_whole_whether_read_at_the_end_or_streamed() {
 #[tokio::test]
 async fn bash_garbage_on_the_marker_pipe_closes_the_shell() {
     let (_d, _root, mut ts) = setup();
-    let o = call(&mut ts, "bash", json!({"command": "echo $$"})).await;
-    let pid = text(&o);
+    let pid = shell_pid(&mut ts).await;
     let o = call(
         &mut ts,
         "bash",
