@@ -918,17 +918,19 @@ async fn bash_output_arrives_whole_whether_read_at_the_end_or_streamed() {
     ts.shutdown().await;
 }
 
-/// A command that forges or garbles the shell's marker pipe (reaching it
-/// through /proc, the one way left) ends its own call as broken framing: the
-/// shell is closed, and the next call gets a fresh one and says so.
+/// A command that garbles the shell's framing socket (reaching the shell's
+/// own saved copy of it by number, the one way left: commands do not inherit
+/// it, and a socket cannot be opened through /proc) ends its own call as
+/// broken framing: the shell is closed, and the next call gets a fresh one
+/// and says so.
 #[tokio::test]
-async fn bash_garbage_on_the_marker_pipe_closes_the_shell() {
+async fn bash_garbage_on_the_framing_socket_closes_the_shell() {
     let (_d, _root, mut ts) = setup();
     let pid = shell_pid(&mut ts).await;
     let o = call(
         &mut ts,
         "bash",
-        json!({"command": "echo before; for f in /proc/$$/fd/*; do case $(readlink $f) in pipe:*) echo junk >$f 2>/dev/null;; esac; done; sleep 0.05", "timeout_ms": 20000}),
+        json!({"command": "echo before; for f in /proc/$$/fd/*; do case $(readlink $f) in socket:*) echo junk >&${f##*/};; esac; done; sleep 0.05", "timeout_ms": 20000}),
     )
     .await;
     assert!(o.is_error);

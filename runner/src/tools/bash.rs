@@ -11,36 +11,37 @@
 //! bash reads it in blocks (bash reads a pipe one byte per `read`, so as not
 //! to take input meant for its children: a call's line cost as many reads
 //! as it had bytes, and long commands needed a file of their own). A file
-//! read to its end would end the shell, so every line ends by waiting for
-//! one byte on fd 3, a pipe: the runner appends the next line, then sends
-//! the byte. What the shell has read is handed back to the kernel as it
-//! goes (the file's offsets stay, its memory does not).
+//! read to its end would end the shell, so the shell waits after each call
+//! for one byte on its framing socket (fd 99): the runner appends the next
+//! line, then sends the byte. What the shell has read is handed back to the
+//! kernel as it goes (the file's offsets stay, its memory does not).
 //!
 //! Framing: each call is one line,
-//! `eval '<command>' </dev/null 3<&- 99>&-; __mango_done '<hex>' "$?"; __mango_next`
+//! `eval '<command>' </dev/null 99>&-; __mango_done '<hex>' "$?"`
 //! (the `eval` builtin is the brace group: its redirection covers the whole
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
 //! quote swallow the framing). `__mango_done` writes the completion marker
-//! `__MANGO_CMD_<hex>_DONE__<status>` to fd 99, the write end of a pipe of
-//! its own that the shell inherits; `__mango_next` waits for the next line.
-//! Both are defined before the first call, read-only so no command can
-//! redefine or unset them, and call builtins by `builtin` so no command's
-//! function takes their place. fds 3 and 99 are hidden from each command,
-//! which cannot inherit or replace them, so a command that moves its own
-//! output (`exec >log 2>&1`) still ends promptly; what it redirected stays
+//! `__MANGO_CMD_<hex>_DONE__<status>` to fd 99, the shell's end of a Unix
+//! socket pair whose other end only the runner holds, then waits there for
+//! the next line. It is defined before the first call, read-only so no
+//! command can redefine or unset it, and calls builtins by `builtin` so no
+//! command's `printf` or `read` takes their place. fd 99 is hidden from each
+//! command, which cannot inherit or replace it (nor open it through /proc,
+//! as it is a socket), so a command that moves its own output
+//! (`exec >log 2>&1`) still ends promptly; what it redirected stays
 //! redirected, as in any shell, and `/dev/tty` still reaches the runner,
 //! which keeps its own copy of the terminal open. The marker line must be
 //! exactly what the function writes (fresh 64-bit random part per call);
-//! anything else on the pipe is corrupt framing. Output never mixes with the
-//! marker, so no output can end a call early.
+//! anything else on the socket is corrupt framing. Output never mixes with
+//! the marker, so no output can end a call early.
 //!
 //! Wake-ups: until the marker arrives or [`QUIET_WINDOW`] passes, the runner
-//! waits on the marker pipe alone and then reads the PTY in one go (a PTY
-//! read that finds nothing first lets the kernel pass on what the shell
-//! wrote, so the output is complete). A quick command thus costs the runner
-//! one wake-up instead of one per chunk the PTY passes on; a longer one has
-//! its output streamed as before, so the PTY never fills for long.
+//! waits on the socket alone and then reads the PTY in one go (a PTY read
+//! that finds nothing first lets the kernel pass on what the shell wrote, so
+//! the output is complete). A quick command thus costs the runner one
+//! wake-up instead of one per chunk the PTY passes on; a longer one has its
+//! output streamed as before, so the PTY never fills for long.
 //!
 //! Timeout, cancellation, shell death or corrupt framing close the shell
 //! (SIGTERM to the group, SIGKILL after a short grace); the next call starts
@@ -69,12 +70,11 @@ pub const BASH_OUTPUT_LIMIT: usize = 100 * 1024;
 pub const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Grace between SIGTERM and SIGKILL when closing the shell.
 const KILL_GRACE: Duration = Duration::from_millis(300);
-/// How long to wait for the exit status of a shell whose marker pipe ended.
+/// How long to wait for the exit status of a shell whose socket ended.
 const EXIT_DRAIN: Duration = Duration::from_millis(200);
-/// The shell's end of the marker pipe, where completion markers are written.
+/// The shell's end of the framing socket: it writes each call's completion
+/// marker there, then waits there for the byte that lets it read on.
 const SENTINEL_FD: RawFd = 99;
-/// The shell's end of the go pipe, where it waits before each call's line.
-const GO_FD: RawFd = 3;
 /// bash reads a seekable input in blocks of at most this many bytes, and
 /// sizes its buffer from the input's size when it starts.
 const SCRIPT_BUFFER: usize = 8192;
@@ -86,11 +86,12 @@ const SCRIPT_FREE_EVERY: u64 = 64 * 1024;
 const QUIET_WINDOW: Duration = Duration::from_millis(1);
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
-/// The shell function that writes a call's completion marker (read-only, so a
-/// command can neither redefine nor unset it).
+/// The shell function that writes a call's completion marker and waits for
+/// the next call's line (read-only, so a command can neither redefine nor
+/// unset it).
 const MARKER_FN: &str = "__mango_done";
-/// The shell function that waits for the next call's line (read-only too).
-const NEXT_FN: &str = "__mango_next";
+/// How the shell waits for the byte that lets it read the next line.
+const WAIT_FOR_NEXT: &str = "builtin read -r -u 99 -N 1 __mango_go";
 
 struct BashArgs {
     command: Option<String>,
@@ -307,18 +308,16 @@ struct Shell {
     script_end: u64,
     /// Up to where the script has been handed back to the kernel.
     script_freed: u64,
-    /// The write end of the go pipe (the shell's fd 3): one byte per call
-    /// lets the shell read on past the line where it waits.
-    go: OwnedFd,
     /// The PTY's master side, non-blocking; watched by the runtime only while
     /// a call runs past [`QUIET_WINDOW`].
     master: OwnedFd,
     /// The runner's own copy of the PTY's slave side: the terminal stays up
     /// while a command has moved the shell's output elsewhere (`exec >log`),
     /// so `/dev/tty` still reaches the runner. The shell's end is told by
-    /// its process and the marker pipe instead.
+    /// its process and the framing socket instead.
     _slave: OwnedFd,
-    /// The read end of the marker pipe (the shell's fd 99).
+    /// The runner's end of the framing socket (the shell's is fd 99): markers
+    /// come in, and one byte per call goes out to let the shell read on.
     markers: AsyncFd<OwnedFd>,
     /// Exit status once reaped.
     exited: Option<i32>,
@@ -391,12 +390,17 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
     }
 }
 
-/// A pipe: (read end, write end), both close-on-exec.
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+/// A connected pair of Unix stream sockets, both close-on-exec.
+fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 fills both fds on success; each is owned at once.
+    // SAFETY: socketpair fills both fds on success; each is owned at once.
     unsafe {
-        cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC))?;
+        cvt(libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        ))?;
         Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
     }
 }
@@ -414,7 +418,7 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-/// `fd` moved above the shell's fds 3 and 99 (close-on-exec).
+/// `fd` moved above the shell's fd 99 (close-on-exec).
 fn above_inherited_fds(fd: OwnedFd) -> io::Result<OwnedFd> {
     // SAFETY: the duplicate is owned at once; the original drops.
     unsafe {
@@ -480,12 +484,11 @@ fn write_at(fd: &OwnedFd, mut offset: u64, mut data: &[u8]) -> io::Result<u64> {
 /// that makes bash size its input buffer to the maximum (it sizes it from
 /// the file's size when it starts), and the first wait for a call.
 fn script_prologue() -> String {
-    let functions = format!(
-        "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; }}; readonly -f {MARKER_FN}\n\
-         {NEXT_FN}() {{ builtin read -r -u {GO_FD} -N 1 __mango_go; }}; readonly -f {NEXT_FN}\n"
+    let function = format!(
+        "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; {WAIT_FOR_NEXT}; }}; readonly -f {MARKER_FN}\n"
     );
-    let padding = "#".repeat(SCRIPT_BUFFER.saturating_sub(functions.len()));
-    format!("{functions}{padding}\n{NEXT_FN}\n")
+    let padding = "#".repeat(SCRIPT_BUFFER.saturating_sub(function.len()));
+    format!("{function}{padding}\n{WAIT_FOR_NEXT}\n")
 }
 
 fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
@@ -501,10 +504,8 @@ fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 impl Shell {
     fn spawn(ctx: &ToolContext) -> io::Result<Shell> {
         let (master, slave) = open_pty()?;
-        let (markers, marker_writer) = pipe()?;
+        let (markers, shell_end) = socket_pair()?;
         set_nonblocking(&markers)?;
-        let (go_reader, go) = pipe()?;
-        set_nonblocking(&go)?;
         let script = script_file()?;
         let script_end = write_at(&script, 0, script_prologue().as_bytes())?;
         let slave_copy = slave.try_clone()?;
@@ -523,10 +524,10 @@ impl Shell {
                 .stdout(Stdio::from(slave.try_clone()?))
                 .stderr(Stdio::from(slave))
                 .kill_on_drop(true);
-            // Above every target, so no dup2 below overwrites another's source.
-            let marker_writer = above_inherited_fds(marker_writer)?;
-            let go_reader = above_inherited_fds(go_reader)?;
-            let (writer, reader) = (marker_writer.as_raw_fd(), go_reader.as_raw_fd());
+            // Above the target, so the dup2 below cannot be a no-op that
+            // keeps close-on-exec.
+            let shell_end = above_inherited_fds(shell_end)?;
+            let shell_fd = shell_end.as_raw_fd();
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
@@ -535,16 +536,15 @@ impl Shell {
                     }
                     // Make the PTY (already on fd 1) the controlling terminal.
                     libc::ioctl(1, libc::TIOCSCTTY as _, 0);
-                    // The pipes become the shell's fds 99 and 3 (dup2 clears
-                    // close-on-exec on the copies; the originals keep it).
-                    cvt(libc::dup2(writer, SENTINEL_FD))?;
-                    cvt(libc::dup2(reader, GO_FD))?;
+                    // The socket becomes the shell's fd 99 (dup2 clears
+                    // close-on-exec on the copy; the original keeps it).
+                    cvt(libc::dup2(shell_fd, SENTINEL_FD))?;
                     Ok(())
                 });
             }
             cmd.spawn()?
-            // `cmd` and the originals drop here: only the shell holds the
-            // marker pipe's write end, so its death ends the pipe too.
+            // `cmd` and the original drop here: only the shell holds its end
+            // of the socket, so its death ends the socket too.
         };
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
         // SAFETY: the OwnedFd moves into the AsyncFd, so its fd stays open and
@@ -557,7 +557,6 @@ impl Shell {
             script,
             script_end,
             script_freed: 0,
-            go,
             master,
             _slave: slave_copy,
             markers,
@@ -586,7 +585,7 @@ impl Shell {
         }
         self.script_end = write_at(&self.script, self.script_end, line.as_bytes())?;
         // SAFETY: writes one byte from a valid buffer.
-        let n = unsafe { libc::write(self.go.as_raw_fd(), b"x".as_ptr().cast(), 1) };
+        let n = unsafe { libc::write(self.markers.get_ref().as_raw_fd(), b"x".as_ptr().cast(), 1) };
         match n {
             1 => Ok(()),
             _ => Err(io::Error::last_os_error()),
@@ -637,16 +636,16 @@ impl Shell {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let sentinel = format!("{SENTINEL_PREFIX}{hex}{SENTINEL_SUFFIX}");
         let line = format!(
-            "eval {} </dev/null {GO_FD}<&- {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"; {NEXT_FN}\n",
+            "eval {} </dev/null {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"\n",
             single_quoted(command)
         );
         let mut out = OutputBuffer::default();
         if self.send(&line).is_err() {
-            // The go pipe is broken: the shell is gone.
+            // The socket is broken: the shell is gone.
             return self.finish_exited(out).await;
         }
 
-        // Until the marker or QUIET_WINDOW, only the marker pipe wakes the
+        // Until the marker or QUIET_WINDOW, only the framing socket wakes the
         // runner: a quick command's output is read in one go after its
         // marker instead of costing a wake-up per chunk the PTY passes on.
         let quiet_until = Instant::now() + QUIET_WINDOW;
@@ -807,12 +806,12 @@ enum MarkerStatus {
     Corrupt,
 }
 
-/// What the marker pipe carried during one call: exactly one
+/// What the framing socket carried during one call: exactly one
 /// `<sentinel><status>\n` line, written by the marker function.
 #[derive(Default)]
 struct MarkerLine {
     bytes: Vec<u8>,
-    /// The pipe reported end of file: the shell is gone.
+    /// The socket reported end of file: the shell is gone.
     ended: bool,
 }
 
@@ -962,7 +961,7 @@ mod tests {
     }
 
     #[test]
-    fn anything_else_on_the_marker_pipe_is_corrupt_framing() {
+    fn anything_else_on_the_framing_socket_is_corrupt_framing() {
         for bad in [
             &b"junk\n"[..],
             b"j",
