@@ -45,6 +45,7 @@ pub struct Bench {
     shutdown: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     server: Mutex<Option<tokio::task::JoinHandle<anyhow::Result<()>>>>,
     publications: PublicationRoutes,
+    observer_installed: std::sync::Once,
 }
 
 /// A polled item: its id and the sessions token decoded from its secret.
@@ -213,6 +214,7 @@ impl Bench {
             shutdown: Mutex::new(Some(tx)),
             server: Mutex::new(Some(server)),
             publications,
+            observer_installed: std::sync::Once::new(),
         })
     }
 
@@ -221,15 +223,17 @@ impl Bench {
     /// exists only while the Session has a subscriber: hold one meanwhile.
     pub fn publications(&self, session: &str) -> mpsc::UnboundedReceiver<Publication> {
         // Installed by the first phase that asks, so the others run without it.
-        let routes = self.publications.clone();
-        self.ctx
-            .events
-            .observe_publications(Box::new(move |session, event| {
-                let at = Instant::now();
-                if let Some(tx) = routes.lock().expect("routes lock").get(session) {
-                    let _ = tx.send((at, event.body.clone()));
-                }
-            }));
+        self.observer_installed.call_once(|| {
+            let routes = self.publications.clone();
+            self.ctx
+                .events
+                .observe_publications(Box::new(move |session, event| {
+                    let at = Instant::now();
+                    if let Some(tx) = routes.lock().expect("routes lock").get(session) {
+                        let _ = tx.send((at, event.body.clone()));
+                    }
+                }));
+        });
         let (tx, rx) = mpsc::unbounded_channel();
         self.publications
             .lock()
