@@ -54,7 +54,6 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use rand::RngCore;
 use regex::Regex;
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
@@ -321,7 +320,9 @@ struct Shell {
     markers: AsyncFd<OwnedFd>,
     /// Exit status once reaped.
     exited: Option<i32>,
-    /// The PTY reported end of file (no slave holders left).
+    /// Reading the PTY failed. (It never reaches end of file while the
+    /// runner holds its own slave copy; the shell's end is told by its
+    /// process and the framing socket.)
     eof: bool,
 }
 
@@ -631,9 +632,7 @@ impl Shell {
         cancel: &CancellationToken,
     ) -> Outcome {
         self.drain_pending();
-        let mut id = [0u8; 8];
-        rand::thread_rng().fill_bytes(&mut id);
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = format!("{:016x}", rand::random::<u64>());
         let sentinel = format!("{SENTINEL_PREFIX}{hex}{SENTINEL_SUFFIX}");
         let line = format!(
             "eval {} </dev/null {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"\n",
