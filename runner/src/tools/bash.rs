@@ -2,22 +2,32 @@
 //!
 //! One `bash --noprofile --norc` per session, started lazily in the
 //! workspace, in its own session and process group, with a PTY as its
-//! controlling terminal, stdout and stderr (so programs see a terminal) and a
-//! file as its stdin (so the shell is non-interactive: no echo, no prompts,
-//! no history expansion, no line-length limit). cwd, exports and background
-//! jobs survive between calls.
+//! controlling terminal, stdout and stderr (so programs see a terminal),
+//! /dev/null as its stdin and a file as its script (so the shell is
+//! non-interactive: no echo, no prompts, no history expansion, no
+//! line-length limit). cwd, exports and background jobs survive between
+//! calls.
 //!
-//! Input: the shell's stdin is an in-memory file the runner appends to, so
+//! Input: the shell's script is an in-memory file the runner appends to, so
 //! bash reads it in blocks (bash reads a pipe one byte per `read`, so as not
 //! to take input meant for its children: a call's line cost as many reads
-//! as it had bytes, and long commands needed a file of their own). A file
-//! read to its end would end the shell, so the shell waits after each call
-//! for one byte on its framing socket (fd 99): the runner appends the next
-//! line, then sends the byte. What the shell has read is handed back to the
-//! kernel as it goes (the file's offsets stay, its memory does not).
+//! as it had bytes, and long commands needed a file of their own). The shell
+//! opens it as `/proc/self/fd/98` and reads it on a close-on-exec descriptor
+//! of its own, closing the one it inherited, so commands neither see it nor
+//! need their stdin moved off it: redirecting the descriptor bash reads
+//! from makes it save and re-sync its input around every call, a third of
+//! its work per call. (bash then names the script in its own error
+//! messages: `/proc/self/fd/98: line 7: nope: command not found`; `$0` is
+//! still the shell's path.) Where /proc is not mounted the file is the
+//! shell's stdin and each call redirects stdin from /dev/null instead
+//! ([`ScriptInput`]). A file read to its end would end the shell, so the
+//! shell waits after each call for one byte on its framing socket (fd 99):
+//! the runner appends the next line, then sends the byte. What the shell has
+//! read is handed back to the kernel as it goes (the file's offsets stay,
+//! its memory does not).
 //!
 //! Framing: each call is one line,
-//! `eval '<command>' </dev/null 99>&-; __mango_done '<hex>' "$?"`
+//! `eval '<command>' 99>&-; __mango_done '<hex>' "$?"`
 //! (the `eval` builtin is the brace group: its redirection covers the whole
 //! command; `eval` of a single-quoted string keeps an unbalanced quote or a
 //! syntax error inside the call, where a raw `{ …\n}` group would let an open
@@ -74,6 +84,8 @@ const EXIT_DRAIN: Duration = Duration::from_millis(200);
 /// The shell's end of the framing socket: it writes each call's completion
 /// marker there, then waits there for the byte that lets it read on.
 const SENTINEL_FD: RawFd = 99;
+/// Where the shell finds its script when it starts (see [`ScriptInput`]).
+const SCRIPT_FD: RawFd = 98;
 /// bash reads a seekable input in blocks of at most this many bytes, and
 /// sizes its buffer from the input's size when it starts.
 const SCRIPT_BUFFER: usize = 8192;
@@ -91,6 +103,38 @@ const SENTINEL_SUFFIX: &str = "_DONE__";
 const MARKER_FN: &str = "__mango_done";
 /// How the shell waits for the byte that lets it read the next line.
 const WAIT_FOR_NEXT: &str = "builtin read -r -u 99 -N 1 __mango_go";
+
+/// How the shell reads its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScriptInput {
+    /// As its script, opened through /proc on a close-on-exec descriptor of
+    /// its own, with /dev/null as stdin for good.
+    Path,
+    /// As its stdin, where /proc is not mounted: each call moves the
+    /// command's stdin to /dev/null.
+    Stdin,
+}
+
+impl ScriptInput {
+    /// [`ScriptInput::Path`] when this process can see `script` in
+    /// /proc/self/fd (the shell, in the same mount namespace, can too).
+    fn for_script(script: &OwnedFd) -> ScriptInput {
+        let path = format!("/proc/self/fd/{}", script.as_raw_fd());
+        if std::path::Path::new(&path).exists() {
+            ScriptInput::Path
+        } else {
+            ScriptInput::Stdin
+        }
+    }
+
+    /// What each call's command is run with besides hiding fd 99.
+    fn call_redirection(self) -> &'static str {
+        match self {
+            ScriptInput::Path => "",
+            ScriptInput::Stdin => " </dev/null",
+        }
+    }
+}
 
 struct BashArgs {
     command: Option<String>,
@@ -302,8 +346,9 @@ struct Shell {
     child: Child,
     pgid: i32,
     /// The shell's input: an in-memory file the runner appends each call's
-    /// line to, at `script_end` (the shell's stdin shares it).
+    /// line to, at `script_end`.
     script: OwnedFd,
+    input: ScriptInput,
     script_end: u64,
     /// Up to where the script has been handed back to the kernel.
     script_freed: u64,
@@ -481,15 +526,24 @@ fn write_at(fd: &OwnedFd, mut offset: u64, mut data: &[u8]) -> io::Result<u64> {
     Ok(offset)
 }
 
-/// What the shell reads first: the two read-only framing functions, padding
-/// that makes bash size its input buffer to the maximum (it sizes it from
-/// the file's size when it starts), and the first wait for a call.
-fn script_prologue() -> String {
-    let function = format!(
+/// What the shell reads first: when it reads a script by path, the closing
+/// of the descriptor it found it on and `$0` as if it read stdin; the
+/// read-only framing function; padding that makes bash size its input
+/// buffer to the maximum (it sizes it from the file's size when it starts);
+/// and the first wait for a call.
+fn script_prologue(input: ScriptInput, program: &str) -> String {
+    let mut head = match input {
+        ScriptInput::Path => format!(
+            "exec {SCRIPT_FD}<&-; BASH_ARGV0={}\n",
+            single_quoted(program)
+        ),
+        ScriptInput::Stdin => String::new(),
+    };
+    head.push_str(&format!(
         "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; {WAIT_FOR_NEXT}; }}; readonly -f {MARKER_FN}\n"
-    );
-    let padding = "#".repeat(SCRIPT_BUFFER.saturating_sub(function.len()));
-    format!("{function}{padding}\n{WAIT_FOR_NEXT}\n")
+    ));
+    let padding = "#".repeat(SCRIPT_BUFFER.saturating_sub(head.len()));
+    format!("{head}{padding}\n{WAIT_FOR_NEXT}\n")
 }
 
 fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
@@ -504,31 +558,48 @@ fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 impl Shell {
     fn spawn(ctx: &ToolContext) -> io::Result<Shell> {
+        let script = script_file()?;
+        let input = ScriptInput::for_script(&script);
+        Shell::spawn_reading(ctx, script, input)
+    }
+
+    fn spawn_reading(ctx: &ToolContext, script: OwnedFd, input: ScriptInput) -> io::Result<Shell> {
         let (master, slave) = open_pty()?;
         let (markers, shell_end) = socket_pair()?;
         set_nonblocking(&markers)?;
-        let script = script_file()?;
-        let script_end = write_at(&script, 0, script_prologue().as_bytes())?;
-        let slave_copy = slave.try_clone()?;
         let bash = if std::path::Path::new("/bin/bash").exists() {
             "/bin/bash"
         } else {
             "bash"
         };
+        let script_end = write_at(&script, 0, script_prologue(input, bash).as_bytes())?;
+        let slave_copy = slave.try_clone()?;
         let child = {
             let mut cmd = tokio::process::Command::new(bash);
-            cmd.args(["--noprofile", "--norc"])
-                .current_dir(&ctx.workspace)
+            cmd.args(["--noprofile", "--norc"]);
+            // Above the targets, so the dup2s below cannot be no-ops that
+            // keep close-on-exec.
+            let shell_end = above_inherited_fds(shell_end)?;
+            let shell_fd = shell_end.as_raw_fd();
+            let script_copy = above_inherited_fds(script.try_clone()?)?;
+            let script_fd = script_copy.as_raw_fd();
+            let script_target = match input {
+                ScriptInput::Path => {
+                    cmd.arg(format!("/proc/self/fd/{SCRIPT_FD}"))
+                        .stdin(Stdio::null());
+                    SCRIPT_FD
+                }
+                ScriptInput::Stdin => {
+                    cmd.stdin(Stdio::from(script.try_clone()?));
+                    -1
+                }
+            };
+            cmd.current_dir(&ctx.workspace)
                 .env_clear()
                 .envs(tool_env(&ctx.workspace))
-                .stdin(Stdio::from(script.try_clone()?))
                 .stdout(Stdio::from(slave.try_clone()?))
                 .stderr(Stdio::from(slave))
                 .kill_on_drop(true);
-            // Above the target, so the dup2 below cannot be a no-op that
-            // keeps close-on-exec.
-            let shell_end = above_inherited_fds(shell_end)?;
-            let shell_fd = shell_end.as_raw_fd();
             // SAFETY: only async-signal-safe calls between fork and exec.
             unsafe {
                 cmd.pre_exec(move || {
@@ -540,11 +611,14 @@ impl Shell {
                     // The socket becomes the shell's fd 99 (dup2 clears
                     // close-on-exec on the copy; the original keeps it).
                     cvt(libc::dup2(shell_fd, SENTINEL_FD))?;
+                    if script_target >= 0 {
+                        cvt(libc::dup2(script_fd, script_target))?;
+                    }
                     Ok(())
                 });
             }
             cmd.spawn()?
-            // `cmd` and the original drop here: only the shell holds its end
+            // `cmd` and the originals drop here: only the shell holds its end
             // of the socket, so its death ends the socket too.
         };
         let pgid = child.id().map(|p| p as i32).unwrap_or(0);
@@ -556,6 +630,7 @@ impl Shell {
             child,
             pgid,
             script,
+            input,
             script_end,
             script_freed: 0,
             master,
@@ -635,8 +710,9 @@ impl Shell {
         let hex = format!("{:016x}", rand::random::<u64>());
         let sentinel = format!("{SENTINEL_PREFIX}{hex}{SENTINEL_SUFFIX}");
         let line = format!(
-            "eval {} </dev/null {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"\n",
-            single_quoted(command)
+            "eval {}{} {SENTINEL_FD}>&-; {MARKER_FN} '{hex}' \"$?\"\n",
+            single_quoted(command),
+            self.input.call_redirection()
         );
         let mut out = OutputBuffer::default();
         if self.send(&line).is_err() {
@@ -913,8 +989,50 @@ pub fn clean_output(raw: &[u8], already_truncated: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{unnamed_temp_file, write_at, MarkerLine, MarkerStatus};
+    use super::{
+        script_file, unnamed_temp_file, write_at, MarkerLine, MarkerStatus, Outcome, ScriptInput,
+        Shell,
+    };
+    use crate::tools::ToolContext;
     use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+    use tokio_util::sync::CancellationToken;
+
+    async fn run(shell: &mut Shell, command: &str) -> (String, i32) {
+        let until = Instant::now() + Duration::from_secs(20);
+        match shell
+            .execute(command, until, &CancellationToken::new())
+            .await
+        {
+            Outcome::Done { output, code } => (output, code),
+            _ => panic!("{command:?} did not complete"),
+        }
+    }
+
+    /// Either way of reading calls (a script by path, or stdin where /proc
+    /// is missing) keeps one shell's state between calls, gives commands
+    /// /dev/null as stdin and keeps the shell's input out of their reach.
+    #[tokio::test]
+    async fn either_script_input_keeps_one_shell_and_hides_its_input() {
+        for input in [ScriptInput::Path, ScriptInput::Stdin] {
+            let dir = tempfile::tempdir().unwrap();
+            let ctx = ToolContext::new(dir.path());
+            let mut shell = Shell::spawn_reading(&ctx, script_file().unwrap(), input).unwrap();
+            assert_eq!(
+                run(&mut shell, "cd / && export KEPT=yes").await,
+                (String::new(), 0)
+            );
+            let (output, code) = run(
+                &mut shell,
+                "echo \"$PWD $KEPT $0\"; cat; readlink /proc/self/fd/* | grep -c -e mango-bash-input -e socket",
+            )
+            .await;
+            assert_eq!(output, "/ yes /bin/bash\n0", "{input:?}");
+            assert_eq!(code, 1, "{input:?}: grep found nothing");
+            assert_eq!(run(&mut shell, "(exit 7)").await, (String::new(), 7));
+            shell.close().await;
+        }
+    }
 
     /// The fallback input, where memfd_create is not allowed: a file with no
     /// name that takes appends at any offset and can be read back.
