@@ -94,6 +94,8 @@ const SCRIPT_FREE_EVERY: u64 = 64 * 1024;
 /// How long a call's output is left to collect in the PTY before the runner
 /// watches it (see [`Shell::execute`]); what a command prints meanwhile
 /// waits in the PTY's 64 KiB buffer.
+/// How much one PTY read takes.
+const PTY_READ_BUFFER: usize = 16 * 1024;
 const QUIET_WINDOW: Duration = Duration::from_millis(1);
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
@@ -369,6 +371,10 @@ struct Shell {
     /// runner holds its own slave copy; the shell's end is told by its
     /// process and the framing socket.)
     eof: bool,
+    /// Where PTY reads land: allocated once, as a fresh zeroed buffer per
+    /// call cost a 16 KiB clear (and the allocator a consolidation pass)
+    /// on the way to every result.
+    pty_buf: Box<[u8]>,
 }
 
 /// `text` as one single-quoted shell word.
@@ -638,6 +644,7 @@ impl Shell {
             markers,
             exited: None,
             eof: false,
+            pty_buf: vec![0u8; PTY_READ_BUFFER].into_boxed_slice(),
         })
     }
 
@@ -670,8 +677,7 @@ impl Shell {
 
     /// Discards whatever background jobs printed since the last call.
     fn drain_pending(&mut self) {
-        let mut buf = [0u8; 8192];
-        self.read_available(&mut buf, |_| {});
+        self.read_available(|_| {});
     }
 
     /// Reads the PTY until it has nothing more, handing each chunk to `take`.
@@ -679,11 +685,11 @@ impl Shell {
     /// what the shell already wrote (`n_tty_read` flushes the pending buffer
     /// work before it reports `EAGAIN`), so after the marker this returns all
     /// of the call's output.
-    fn read_available(&mut self, buf: &mut [u8], mut take: impl FnMut(&[u8])) {
+    fn read_available(&mut self, mut take: impl FnMut(&[u8])) {
         while !self.eof {
-            match read_fd(self.master.as_raw_fd(), buf) {
+            match read_fd(self.master.as_raw_fd(), &mut self.pty_buf) {
                 Ok(0) => self.eof = true,
-                Ok(n) => take(&buf[..n]),
+                Ok(n) => take(&self.pty_buf[..n]),
                 Err(e) if e.raw_os_error() == Some(libc::EIO) => self.eof = true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
@@ -726,14 +732,13 @@ impl Shell {
         let quiet_until = Instant::now() + QUIET_WINDOW;
         let mut watched: Option<AsyncFd<RawFd>> = None;
         let mut marker = MarkerLine::default();
-        let mut buf = vec![0u8; 16 * 1024];
         let mut marker_buf = [0u8; 256];
         loop {
             match marker.status(sentinel.as_bytes()) {
                 MarkerStatus::Pending => {}
                 done => {
                     drop(watched);
-                    self.read_available(&mut buf, |chunk| out.push(chunk));
+                    self.read_available(|chunk| out.push(chunk));
                     return match done {
                         MarkerStatus::Found(code) => Outcome::Done {
                             output: out.finish(),
@@ -755,6 +760,7 @@ impl Shell {
                 child,
                 exited,
                 eof,
+                pty_buf,
                 ..
             } = &mut *self;
             let mut shell_exited = false;
@@ -771,9 +777,9 @@ impl Shell {
                     Ok(0) | Err(_) => marker.ended = true,
                     Ok(n) => marker.push(&marker_buf[..n]),
                 },
-                r = read_watched(watched.as_ref(), &mut buf) => match r {
+                r = read_watched(watched.as_ref(), pty_buf) => match r {
                     Ok(0) | Err(_) => *eof = true,
-                    Ok(n) => out.push(&buf[..n]),
+                    Ok(n) => out.push(&pty_buf[..n]),
                 },
                 _ = tokio::time::sleep_until(quiet_until.into()), if watched.is_none() => {
                     start_watching = true;
@@ -803,8 +809,7 @@ impl Shell {
 
     /// The shell died before its marker: take what it printed and report.
     async fn finish_exited(&mut self, mut out: OutputBuffer) -> Outcome {
-        let mut buf = vec![0u8; 16 * 1024];
-        self.read_available(&mut buf, |chunk| out.push(chunk));
+        self.read_available(|chunk| out.push(chunk));
         if self.exited.is_none() {
             if let Ok(Ok(status)) = tokio::time::timeout(EXIT_DRAIN, self.child.wait()).await {
                 self.exited = Some(exit_code(status));
@@ -967,8 +972,18 @@ fn ansi_regex() -> &'static Regex {
 /// within [`BASH_OUTPUT_LIMIT`] bytes.
 pub fn clean_output(raw: &[u8], already_truncated: bool) -> String {
     let text = String::from_utf8_lossy(raw);
-    let text = ansi_regex().replace_all(&text, "");
-    let text = text.replace("\r\n", "\n");
+    // Every escape sequence starts with ESC; most output has none, and a
+    // byte scan is far cheaper than the regex engine on a cold cache.
+    let text = if raw.contains(&0x1b) {
+        ansi_regex().replace_all(&text, "")
+    } else {
+        text
+    };
+    let text = if raw.contains(&b'\r') {
+        std::borrow::Cow::Owned(text.replace("\r\n", "\n"))
+    } else {
+        text
+    };
     let text = text.trim_end_matches(['\n', '\r']);
     let mut truncated = already_truncated;
     let mut tail = text;
