@@ -118,14 +118,14 @@ enum ScriptInput {
 }
 
 impl ScriptInput {
-    /// [`ScriptInput::Path`] when this process can see `script` in
-    /// /proc/self/fd (the shell, in the same mount namespace, can too).
+    /// [`ScriptInput::Path`] when this process can open `script` again
+    /// through /proc/self/fd (the shell, in the same mount namespace and
+    /// with the same credentials, then can too).
     fn for_script(script: &OwnedFd) -> ScriptInput {
         let path = format!("/proc/self/fd/{}", script.as_raw_fd());
-        if std::path::Path::new(&path).exists() {
-            ScriptInput::Path
-        } else {
-            ScriptInput::Stdin
+        match std::fs::File::open(path) {
+            Ok(_) => ScriptInput::Path,
+            Err(_) => ScriptInput::Stdin,
         }
     }
 
