@@ -923,6 +923,36 @@ async fn bash_output_arrives_whole_whether_read_at_the_end_or_streamed() {
 /// it, and a socket cannot be opened through /proc) ends its own call as
 /// broken framing: the shell is closed, and the next call gets a fresh one
 /// and says so.
+/// The shell sleeps once per call, waiting for its next line. Reading its
+/// completion marker must not wake it a second time: on a stream socket the
+/// kernel woke every task blocked reading the shell's end whenever the
+/// runner made room on it, which cost a context switch per call.
+#[tokio::test]
+async fn bash_sleeps_once_per_call() {
+    let (_d, _root, mut ts) = setup();
+    let pid = shell_pid(&mut ts).await;
+    let voluntary_switches = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("voluntary_ctxt_switches in /proc/<pid>/status")
+    };
+    const CALLS: u64 = 80;
+    let before = voluntary_switches();
+    for i in 0..CALLS {
+        let o = call(&mut ts, "bash", json!({"command": format!("echo {i}")})).await;
+        assert_eq!(text(&o), i.to_string());
+    }
+    let slept = voluntary_switches() - before;
+    assert!(
+        slept <= CALLS + CALLS / 4,
+        "the shell slept {slept} times over {CALLS} calls"
+    );
+    ts.shutdown().await;
+}
+
 #[tokio::test]
 async fn bash_garbage_on_the_framing_socket_closes_the_shell() {
     let (_d, _root, mut ts) = setup();

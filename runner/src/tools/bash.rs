@@ -443,13 +443,20 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// A connected pair of Unix stream sockets, both close-on-exec.
+/// The framing socket pair. Sequenced packets, not a stream: when the
+/// runner reads a marker, the kernel tells the shell's end that it has room
+/// to write again, and a stream socket wakes every task blocked reading on
+/// that end, so the shell, already waiting for its next byte, was woken for
+/// nothing on every call (a context switch, often another vCPU's, just as
+/// the runner posts the result). A packet socket's reader is only woken for
+/// input.
 fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: socketpair fills both fds on success; each is owned at once.
     unsafe {
         cvt(libc::socketpair(
             libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
             0,
             fds.as_mut_ptr(),
         ))?;
