@@ -747,8 +747,8 @@ async fn bash_exec_redirection_neither_hangs_nor_kills_the_shell() {
 
 /// The function that writes each call's completion marker belongs to the
 /// runner: a command can neither replace nor remove it, and the shell state a
-/// command may leave behind (IFS, `set -u`, a `printf` of its own) does not
-/// change how the next call ends.
+/// command may leave behind (IFS, `set -u`, an `echo`, `printf` or `read` of
+/// its own) does not change how the next call ends.
 #[tokio::test]
 async fn bash_commands_cannot_take_over_the_completion_marker() {
     let (_d, _root, mut ts) = setup();
@@ -765,7 +765,7 @@ async fn bash_commands_cannot_take_over_the_completion_marker() {
     let o = call(
         &mut ts,
         "bash",
-        json!({"command": "IFS=0123456789abcdef; set -u; printf() { echo fake; }; false", "timeout_ms": 20000}),
+        json!({"command": "IFS=0123456789abcdef; set -u; echo() { builtin printf 'fake\\n'; }; printf() { builtin echo fake; }; read() { builtin echo fake; }; false", "timeout_ms": 20000}),
     )
     .await;
     assert!(o.is_error);
@@ -779,7 +779,7 @@ async fn bash_commands_cannot_take_over_the_completion_marker() {
     let o = call(
         &mut ts,
         "bash",
-        json!({"command": "unset -f printf; IFS=' '; echo $$"}),
+        json!({"command": "unset -f echo printf read; IFS=' '; echo $$"}),
     )
     .await;
     assert_eq!(text(&o), pid, "still the same shell");

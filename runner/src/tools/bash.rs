@@ -36,7 +36,7 @@
 //! socket pair whose other end only the runner holds, then waits there for
 //! the next line. It is defined before the first call, read-only so no
 //! command can redefine or unset it, and calls builtins by `builtin` so no
-//! command's `printf` or `read` takes their place. fd 99 is hidden from each
+//! command's `echo` or `read` takes their place. fd 99 is hidden from each
 //! command, which cannot inherit or replace it (nor open it through /proc,
 //! as it is a socket), so a command that moves its own output
 //! (`exec >log 2>&1`) still ends promptly; what it redirected stays
@@ -553,7 +553,7 @@ fn script_prologue(input: ScriptInput, program: &str) -> String {
         ScriptInput::Stdin => String::new(),
     };
     head.push_str(&format!(
-        "{MARKER_FN}() {{ builtin printf '{SENTINEL_PREFIX}%s{SENTINEL_SUFFIX}%d\\n' \"$1\" \"$2\" >&{SENTINEL_FD}; {WAIT_FOR_NEXT}; }}; readonly -f {MARKER_FN}\n"
+        "{MARKER_FN}() {{ builtin echo \"{SENTINEL_PREFIX}$1{SENTINEL_SUFFIX}$2\" >&{SENTINEL_FD}; {WAIT_FOR_NEXT}; }}; readonly -f {MARKER_FN}\n"
     ));
     let padding = "#".repeat(SCRIPT_BUFFER.saturating_sub(head.len()));
     format!("{head}{padding}\n{WAIT_FOR_NEXT}\n")
