@@ -91,11 +91,11 @@ const SCRIPT_FD: RawFd = 98;
 const SCRIPT_BUFFER: usize = 8192;
 /// How much read script is left in memory before it is handed back.
 const SCRIPT_FREE_EVERY: u64 = 64 * 1024;
+/// How much one PTY read takes.
+const PTY_READ_BUFFER: usize = 16 * 1024;
 /// How long a call's output is left to collect in the PTY before the runner
 /// watches it (see [`Shell::execute`]); what a command prints meanwhile
 /// waits in the PTY's 64 KiB buffer.
-/// How much one PTY read takes.
-const PTY_READ_BUFFER: usize = 16 * 1024;
 const QUIET_WINDOW: Duration = Duration::from_millis(1);
 const SENTINEL_PREFIX: &str = "__MANGO_CMD_";
 const SENTINEL_SUFFIX: &str = "_DONE__";
@@ -442,14 +442,13 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
     }
 }
 
-/// A connected pair of Unix stream sockets, both close-on-exec.
-/// The framing socket pair. Sequenced packets, not a stream: when the
-/// runner reads a marker, the kernel tells the shell's end that it has room
-/// to write again, and a stream socket wakes every task blocked reading on
-/// that end, so the shell, already waiting for its next byte, was woken for
-/// nothing on every call (a context switch, often another vCPU's, just as
-/// the runner posts the result). A packet socket's reader is only woken for
-/// input.
+/// The framing socket pair, both ends close-on-exec. Sequenced packets, not
+/// a stream: when the runner reads a marker, the kernel tells the shell's
+/// end that it has room to write again, and a stream socket wakes every task
+/// blocked reading on that end, so the shell, already waiting for its next
+/// byte, was woken for nothing on every call (a context switch, often
+/// another vCPU's, just as the runner posts the result). A packet socket's
+/// reader is only woken for input.
 fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: socketpair fills both fds on success; each is owned at once.
@@ -594,19 +593,18 @@ impl Shell {
             // keep close-on-exec.
             let shell_end = above_inherited_fds(shell_end)?;
             let shell_fd = shell_end.as_raw_fd();
-            let script_copy = above_inherited_fds(script.try_clone()?)?;
-            let script_fd = script_copy.as_raw_fd();
-            let script_target = match input {
+            let script_copy = match input {
                 ScriptInput::Path => {
                     cmd.arg(format!("/proc/self/fd/{SCRIPT_FD}"))
                         .stdin(Stdio::null());
-                    SCRIPT_FD
+                    Some(above_inherited_fds(script.try_clone()?)?)
                 }
                 ScriptInput::Stdin => {
                     cmd.stdin(Stdio::from(script.try_clone()?));
-                    -1
+                    None
                 }
             };
+            let script_fd = script_copy.as_ref().map(|f| f.as_raw_fd());
             cmd.current_dir(&ctx.workspace)
                 .env_clear()
                 .envs(tool_env(&ctx.workspace))
@@ -624,8 +622,9 @@ impl Shell {
                     // The socket becomes the shell's fd 99 (dup2 clears
                     // close-on-exec on the copy; the original keeps it).
                     cvt(libc::dup2(shell_fd, SENTINEL_FD))?;
-                    if script_target >= 0 {
-                        cvt(libc::dup2(script_fd, script_target))?;
+                    // The script by path: the shell opens it as fd 98.
+                    if let Some(fd) = script_fd {
+                        cvt(libc::dup2(fd, SCRIPT_FD))?;
                     }
                     Ok(())
                 });
