@@ -338,7 +338,9 @@ async fn earlier_confirmation(
 /// path the agent loop and tests use; HTTP never exposes it. This process's
 /// streams of the Session get them at once; other replicas' by notification.
 pub async fn emit(ctx: &ApiContext, session_id: &str, events: Vec<Value>) -> ApiResult<Vec<Value>> {
-    let stored = append_logged(&ctx.db, session_id, events).await?;
+    let mut conn = ctx.reused.take(&ctx.db).await?;
+    let stored = append_logged(&mut conn, session_id, events).await?;
+    conn.finish();
     ctx.committed(session_id, &stored, false);
     Ok(stored
         .into_iter()
@@ -355,7 +357,7 @@ pub async fn append_agent_events(
     session_id: &str,
     events: Vec<Value>,
 ) -> ApiResult<Vec<Value>> {
-    let stored = append_logged(db, session_id, events).await?;
+    let stored = append_logged(&mut *db.acquire().await?, session_id, events).await?;
     Ok(stored
         .into_iter()
         .map(|e| Arc::unwrap_or_clone(e.body))
@@ -363,11 +365,11 @@ pub async fn append_agent_events(
 }
 
 async fn append_logged(
-    db: &sqlx::PgPool,
+    db: &mut sqlx::PgConnection,
     session_id: &str,
     events: Vec<Value>,
 ) -> ApiResult<Vec<LoggedEvent>> {
-    let mut tx = db.begin().await?;
+    let mut tx = sqlx::Connection::begin(db).await?;
     let mut session = sessions::lock(&mut tx, session_id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("session {session_id} not found")))?;

@@ -59,6 +59,8 @@ type ClaimLookups = HashMap<Vec<u8>, (WorkRow, Instant)>;
 #[derive(Clone)]
 pub struct ApiContext {
     pub db: PgPool,
+    /// Connections for the hot paths that skip the pool's release ping.
+    pub reused: Arc<crate::db::ReusedConnections>,
     pub settings: Arc<Settings>,
     pub wake: Arc<WakeHub>,
     pub events: Arc<crate::feed::SessionFeeds>,
@@ -87,6 +89,7 @@ impl ApiContext {
             process: crate::db::api_process(&db).map(Arc::from),
             listening: Arc::new(tokio::sync::watch::channel(false).0),
             db,
+            reused: Arc::default(),
             settings: Arc::new(settings),
             wake: Arc::default(),
             metrics: Arc::default(),

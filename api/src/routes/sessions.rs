@@ -526,7 +526,7 @@ async fn send_events(
     RawBody(bytes): RawBody,
 ) -> ApiResult<Response> {
     let body = Body::parse(&bytes, &["events"])?;
-    let mut conn = ctx.db.acquire().await?;
+    let mut conn = ctx.reused.take(&ctx.db).await?;
     // A worker's next result, with the claim this process just saw.
     if let Some(work) = auth::recent_claim(&ctx, &headers) {
         if worker_may_send(&work, &id).is_ok() {
@@ -534,6 +534,7 @@ async fn send_events(
             if let Some(admitted) =
                 admission::admit_worker_result(&mut conn, &work, &id, &events).await?
             {
+                conn.finish();
                 return Ok(admitted_reply(&ctx, &id, admitted, true));
             }
         }
@@ -556,6 +557,7 @@ async fn send_events(
         if let Some(admitted) =
             admission::admit_worker_result(&mut conn, work, &id, &events).await?
         {
+            conn.finish();
             return Ok(admitted_reply(&ctx, &id, admitted, true));
         }
     }
@@ -574,6 +576,7 @@ async fn send_events(
     )
     .await?;
     tx.commit().await?;
+    conn.finish();
     Ok(admitted_reply(&ctx, &id, admitted, false))
 }
 
