@@ -5,7 +5,12 @@
 //! Retry policy (spec §3, §8): transport errors, 408, 409, 429 and 5xx are
 //! transient and retried with jittered exponential back-off; any other 4xx is
 //! final, and so is an answer carrying `x-should-retry: false`.
+//!
+//! Requests go through reqwest, except sending events, which takes a lean
+//! HTTP/1.1 path of its own (`lane`): it is the runner's request per tool
+//! call, and reqwest's per-request work showed in every call's latency.
 
+mod lane;
 mod sse;
 
 pub use sse::{EventStream, StreamFrame};
@@ -17,7 +22,12 @@ use rand::Rng;
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The beta header every request carries.
+const BETA_HEADER: &str = "managed-agents-2026-04-01";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -35,6 +45,9 @@ pub enum ClientError {
     },
     #[error("transport: {0}")]
     Transport(#[from] reqwest::Error),
+    /// A transport failure on the lean path ([`lane`]).
+    #[error("transport: {0}")]
+    Connection(#[from] lane::LaneError),
     #[error("unexpected response: {0}")]
     Decode(String),
 }
@@ -58,7 +71,7 @@ impl ClientError {
     /// server said `x-should-retry: false`.
     pub fn is_transient(&self) -> bool {
         match self {
-            ClientError::Transport(_) => true,
+            ClientError::Transport(_) | ClientError::Connection(_) => true,
             ClientError::Decode(_) => false,
             ClientError::Api {
                 status,
@@ -129,6 +142,9 @@ pub struct Client {
     credential: String,
     /// `Bearer <credential>`, marked sensitive so it never shows in a Debug string.
     authorization: Option<reqwest::header::HeaderValue>,
+    /// The lean path for sending events (see [`lane`]); `None` when the base
+    /// URL or the credential does not suit it.
+    lane: Option<Arc<lane::Lane>>,
     retry: RetryPolicy,
 }
 
@@ -144,7 +160,7 @@ impl std::fmt::Debug for Client {
 impl Client {
     pub fn new(base_url: &str, credential: &str) -> Client {
         let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(CONNECT_TIMEOUT)
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
             .expect("a plain HTTP client builds");
@@ -155,11 +171,17 @@ impl Client {
                 value.set_sensitive(true);
                 value
             });
+        let base_url = reqwest::Url::parse(&base)
+            .ok()
+            .filter(|u| !u.cannot_be_a_base());
+        let lane = match (&base_url, &authorization) {
+            (Some(url), Some(value)) => lane::Lane::new(url, value).map(Arc::new),
+            _ => None,
+        };
         Client {
             http,
-            base_url: reqwest::Url::parse(&base)
-                .ok()
-                .filter(|u| !u.cannot_be_a_base()),
+            base_url,
+            lane,
             base,
             credential: credential.to_string(),
             authorization,
@@ -191,7 +213,7 @@ impl Client {
         };
         request.header(
             "anthropic-beta",
-            reqwest::header::HeaderValue::from_static("managed-agents-2026-04-01"),
+            reqwest::header::HeaderValue::from_static(BETA_HEADER),
         )
     }
 
@@ -226,14 +248,25 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<reqwest::Response> {
-        let mut attempt = 1;
+        self.retrying(path, || self.send_once(method.clone(), path, query, body))
+            .await
+    }
+
+    /// Makes `attempt` until it succeeds, fails for good, or the retry
+    /// policy's attempts run out.
+    async fn retrying<T, F, Fut>(&self, path: &str, attempt: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut n = 1;
         loop {
-            match self.send_once(method.clone(), path, query, body).await {
-                Err(err) if err.is_transient() && attempt < self.retry.attempts => {
-                    let delay = self.retry.delay(attempt);
-                    tracing::debug!(%path, attempt, ?delay, error = %err, "retrying");
+            match attempt().await {
+                Err(err) if err.is_transient() && n < self.retry.attempts => {
+                    let delay = self.retry.delay(n);
+                    tracing::debug!(%path, attempt = n, ?delay, error = %err, "retrying");
                     tokio::time::sleep(delay).await;
-                    attempt += 1;
+                    n += 1;
                 }
                 other => return other,
             }
@@ -488,14 +521,27 @@ impl Client {
         struct Sent {
             data: Option<Vec<Value>>,
         }
-        let sent: Sent = self
-            .json(
-                Method::POST,
-                &format!("/v1/sessions/{session_id}/events"),
-                &[],
-                Some(&json!({"events": events})),
-            )
-            .await?;
+        let path = format!("/v1/sessions/{session_id}/events");
+        let body = json!({ "events": events });
+        let sent: Sent = match &self.lane {
+            Some(lane) => {
+                let bytes = serde_json::to_vec(&body)
+                    .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?;
+                let answer = self
+                    .retrying(&path, || async {
+                        let answer = lane.post_json(&path, bytes.clone()).await?;
+                        if answer.status.is_success() {
+                            Ok(answer)
+                        } else {
+                            Err(error_from(answer.status, &answer.headers, &answer.body))
+                        }
+                    })
+                    .await?;
+                serde_json::from_slice(&answer.body)
+                    .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?
+            }
+            None => self.json(Method::POST, &path, &[], Some(&body)).await?,
+        };
         Ok(sent.data.unwrap_or_default())
     }
 
@@ -515,18 +561,26 @@ impl Client {
 
 async fn api_error(resp: reqwest::Response) -> ClientError {
     let status = resp.status();
-    let final_answer = resp
-        .headers()
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await.unwrap_or_default();
+    error_from(status, &headers, &bytes)
+}
+
+/// An error answer as a [`ClientError::Api`], from its envelope if it has one.
+fn error_from(
+    status: StatusCode,
+    headers: &reqwest::header::HeaderMap,
+    bytes: &[u8],
+) -> ClientError {
+    let final_answer = headers
         .get("x-should-retry")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("false"));
-    let header_id = resp
-        .headers()
+    let header_id = headers
         .get("request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let bytes = resp.bytes().await.unwrap_or_default();
-    match serde_json::from_slice::<ErrorEnvelope>(&bytes) {
+    match serde_json::from_slice::<ErrorEnvelope>(bytes) {
         Ok(env) => ClientError::Api {
             status,
             error_code: env.error_code().map(str::to_string),
@@ -539,7 +593,7 @@ async fn api_error(resp: reqwest::Response) -> ClientError {
         Err(_) => ClientError::Api {
             status,
             kind: "api_error".into(),
-            message: String::from_utf8_lossy(&bytes).chars().take(500).collect(),
+            message: String::from_utf8_lossy(bytes).chars().take(500).collect(),
             error_code: None,
             details: None,
             request_id: header_id,
