@@ -4,7 +4,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, Postgres};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Handlers take one connection per request, and sqlx pings a connection when
 /// it goes back to the pool; a ping before every acquire as well would double
@@ -59,15 +59,21 @@ pub async fn api_pool(db: &PgPool, max_connections: u32) -> sqlx::Result<PgPool>
 /// pool's own release (ping included) as before. A connection broken by a
 /// database restart fails one request, as pool connections do (see
 /// [`pool_options`]), and is dropped then. Kept connections count as in use
-/// to the pool, so they are let go as soon as the pool starts closing.
+/// to the pool, so few are kept (none when the pool is full with nothing
+/// idle), none for long, and all are let go as the pool starts closing.
 #[derive(Default)]
 pub struct ReusedConnections {
-    idle: std::sync::Mutex<Vec<PoolConnection<Postgres>>>,
+    /// Kept connections, each with when it was kept.
+    idle: std::sync::Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
     watching_close: std::sync::OnceLock<()>,
 }
 
-/// Idle connections kept; busier moments borrow from the pool as usual.
-const REUSED_KEPT: usize = 4;
+/// At most this many are kept, and at most a quarter of the pool: kept
+/// connections are out of reach of every other request.
+const REUSED_KEPT: u32 = 4;
+/// A connection kept longer than this unused goes back to the pool (where
+/// its idle timeout and lifetime apply) at the next take.
+const REUSED_IDLE: Duration = Duration::from_secs(30);
 
 impl ReusedConnections {
     /// A kept connection, or a fresh one from the pool.
@@ -75,9 +81,19 @@ impl ReusedConnections {
         self: &'a Arc<Self>,
         pool: &'a PgPool,
     ) -> sqlx::Result<ReusedConnection<'a>> {
-        let kept = self.idle.lock().expect("reused connections lock").pop();
+        let (kept, stale) = {
+            let mut idle = self.idle.lock().expect("reused connections lock");
+            // Most recently kept last; anything kept before a stale one is staler.
+            let fresh_from = idle
+                .iter()
+                .position(|(_, at)| at.elapsed() < REUSED_IDLE)
+                .unwrap_or(idle.len());
+            let stale: Vec<_> = idle.drain(..fresh_from).collect();
+            (idle.pop(), stale)
+        };
+        drop(stale);
         let conn = match kept {
-            Some(conn) => conn,
+            Some((conn, _)) => conn,
             None => pool.acquire().await?,
         };
         Ok(ReusedConnection {
@@ -93,7 +109,12 @@ impl ReusedConnections {
     }
 
     fn keep(self: &Arc<Self>, pool: &PgPool, conn: PoolConnection<Postgres>) {
-        if pool.is_closed() {
+        let max = pool.options().get_max_connections();
+        let cap = REUSED_KEPT.min(max / 4) as usize;
+        // A pool with nothing idle at its size limit has requests waiting
+        // (or about to): they get this connection.
+        let pool_exhausted = pool.size() >= max && pool.num_idle() == 0;
+        if pool.is_closed() || pool_exhausted || cap == 0 {
             return;
         }
         self.watching_close.get_or_init(|| {
@@ -108,8 +129,8 @@ impl ReusedConnections {
             });
         });
         let mut idle = self.idle.lock().expect("reused connections lock");
-        if idle.len() < REUSED_KEPT && !pool.is_closed() {
-            idle.push(conn);
+        if idle.len() < cap && !pool.is_closed() {
+            idle.push((conn, Instant::now()));
         }
         // Otherwise `conn` drops into the pool's own release.
     }

@@ -65,7 +65,7 @@ async fn a_finished_connection_is_kept_unpinged_and_anything_else_goes_back(db: 
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn kept_connections_do_not_hold_up_closing_the_pool(db: PgPool) {
-    let pool = api_pool(&db, 4).await.unwrap();
+    let pool = api_pool(&db, 8).await.unwrap();
     let reused = Arc::new(ReusedConnections::default());
     let mut first = reused.take(&pool).await.unwrap();
     let mut second = reused.take(&pool).await.unwrap();
@@ -80,4 +80,42 @@ async fn kept_connections_do_not_hold_up_closing_the_pool(db: PgPool) {
         .expect("the pool closes while connections are kept");
     assert_eq!(reused.kept(), 0);
     assert_eq!(pool.size(), 0);
+}
+
+/// Kept connections are out of every other request's reach: at most a
+/// quarter of the pool is kept, and none when the pool is at its limit with
+/// nothing idle (someone may be waiting for exactly that connection).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn at_most_a_quarter_of_the_pool_is_kept_and_none_when_it_is_exhausted(db: PgPool) {
+    for (max, kept) in [(3, 0), (4, 1), (8, 2), (40, 4)] {
+        let pool = api_pool(&db, max).await.unwrap();
+        let reused = Arc::new(ReusedConnections::default());
+        let mut taken = Vec::new();
+        // One short of the limit, so the pool is never exhausted here.
+        for _ in 0..(max - 1).min(5) {
+            let mut conn = reused.take(&pool).await.unwrap();
+            backend(&mut conn).await;
+            taken.push(conn);
+        }
+        taken.into_iter().for_each(|c| c.finish());
+        assert_eq!(reused.kept(), kept, "pool of {max}");
+        drop(reused);
+        pool.close().await;
+    }
+
+    let pool = api_pool(&db, 8).await.unwrap();
+    let reused = Arc::new(ReusedConnections::default());
+    let mut all = Vec::new();
+    for _ in 0..8 {
+        let mut conn = reused.take(&pool).await.unwrap();
+        backend(&mut conn).await;
+        all.push(conn);
+    }
+    assert_eq!((pool.size(), pool.num_idle()), (8, 0));
+    all.pop().unwrap().finish();
+    assert_eq!(
+        reused.kept(),
+        0,
+        "an exhausted pool gets its connection back"
+    );
 }

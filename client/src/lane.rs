@@ -67,7 +67,15 @@ impl Lane {
         })
     }
 
-    /// POSTs `body` (JSON) to `path` with the client's credential and beta header.
+    /// Whether `path` goes on the wire as it is: only unreserved characters
+    /// and `/` (anything else takes reqwest's path, which encodes it).
+    pub(crate) fn carries(path: &str) -> bool {
+        path.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'~'))
+    }
+
+    /// POSTs `body` (JSON) to `path` (see [`Lane::carries`]) with the
+    /// client's credential and beta header.
     pub(crate) async fn post_json(&self, path: &str, body: Vec<u8>) -> Result<Answer, LaneError> {
         let body = Bytes::from(body);
         let (mut sender, mut reused) = match self.take_idle() {
@@ -87,11 +95,24 @@ impl Lane {
             }
         };
         let (head, body) = response.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map_err(|e| LaneError(format!("reading the answer from {}: {e}", self.address)))?
-            .to_bytes();
+        let body = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            // An error answer stays what its status says (as reqwest's path
+            // reads it); a success must arrive whole.
+            Err(_) if !head.status.is_success() => {
+                return Ok(Answer {
+                    status: head.status,
+                    headers: head.headers,
+                    body: Bytes::new(),
+                })
+            }
+            Err(e) => {
+                return Err(LaneError(format!(
+                    "reading the answer from {}: {e}",
+                    self.address
+                )))
+            }
+        };
         self.put_back(sender);
         Ok(Answer {
             status: head.status,

@@ -175,7 +175,9 @@ impl Client {
             .ok()
             .filter(|u| !u.cannot_be_a_base());
         let lane = match (&base_url, &authorization) {
-            (Some(url), Some(value)) => lane::Lane::new(url, value).map(Arc::new),
+            (Some(url), Some(value)) if !proxy_configured() => {
+                lane::Lane::new(url, value).map(Arc::new)
+            }
             _ => None,
         };
         Client {
@@ -524,7 +526,7 @@ impl Client {
         let path = format!("/v1/sessions/{session_id}/events");
         let body = json!({ "events": events });
         let sent: Sent = match &self.lane {
-            Some(lane) => {
+            Some(lane) if lane::Lane::carries(&path) => {
                 let bytes = serde_json::to_vec(&body)
                     .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?;
                 let answer = self
@@ -540,7 +542,7 @@ impl Client {
                 serde_json::from_slice(&answer.body)
                     .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?
             }
-            None => self.json(Method::POST, &path, &[], Some(&body)).await?,
+            _ => self.json(Method::POST, &path, &[], Some(&body)).await?,
         };
         Ok(sent.data.unwrap_or_default())
     }
@@ -564,6 +566,14 @@ async fn api_error(resp: reqwest::Response) -> ClientError {
     let headers = resp.headers().clone();
     let bytes = resp.bytes().await.unwrap_or_default();
     error_from(status, &headers, &bytes)
+}
+
+/// Whether the environment names an HTTP proxy, which reqwest follows and
+/// the lane does not: then every request goes through reqwest.
+fn proxy_configured() -> bool {
+    ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }
 
 /// An error answer as a [`ClientError::Api`], from its envelope if it has one.

@@ -14,6 +14,8 @@ struct Reply {
     headers: &'static [(&'static str, &'static str)],
     body: Value,
     close: bool,
+    /// Send half the body announced, then close.
+    cut_short: bool,
 }
 
 impl Reply {
@@ -23,6 +25,7 @@ impl Reply {
             headers: &[],
             body,
             close: false,
+            cut_short: false,
         }
     }
 }
@@ -132,6 +135,11 @@ async fn serve(
             answer.push_str(&format!("{name}: {value}\r\n"));
         }
         answer.push_str("\r\n");
+        if reply.cut_short {
+            answer.push_str(&payload[..payload.len() / 2]);
+            stream.write_all(answer.as_bytes()).await.unwrap();
+            return;
+        }
         answer.push_str(&payload);
         stream.write_all(answer.as_bytes()).await.unwrap();
         if reply.close {
@@ -205,6 +213,7 @@ async fn transient_answers_are_retried_and_final_ones_are_not() {
             headers: &[],
             body: envelope("api_error", "unavailable"),
             close: true,
+            cut_short: false,
         },
         Reply::ok(admitted("a")),
         // Final: a plain 400, and a 429 the server says not to retry.
@@ -213,12 +222,14 @@ async fn transient_answers_are_retried_and_final_ones_are_not() {
             headers: &[],
             body: envelope("invalid_request_error", "invalid_parameter"),
             close: false,
+            cut_short: false,
         },
         Reply {
             status: 429,
             headers: &[("x-should-retry", "false")],
             body: envelope("rate_limit_error", "rate_limited"),
             close: false,
+            cut_short: false,
         },
     ])
     .await;
@@ -300,4 +311,36 @@ async fn an_unreachable_server_is_a_transient_error() {
         .unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(!err.to_string().contains("tok_secret"), "{err}");
+}
+
+#[tokio::test]
+async fn an_error_answer_cut_short_is_still_final() {
+    let server = Scripted::start(vec![Reply {
+        status: 400,
+        cut_short: true,
+        ..Reply::ok(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "a long enough message"}}))
+    }])
+    .await;
+    let client = Client::new(&server.base, "tok").with_retry(quick_retries());
+    let err = client
+        .send_events("sesn_1", vec![result_event(1)])
+        .await
+        .unwrap_err();
+    assert_eq!(err.status().map(|s| s.as_u16()), Some(400));
+    assert!(!err.is_transient());
+    assert_eq!(server.seen().len(), 1, "not retried");
+}
+
+#[tokio::test]
+async fn a_session_id_that_needs_encoding_is_encoded() {
+    let server = Scripted::start(vec![Reply::ok(admitted("a"))]).await;
+    let client = Client::new(&server.base, "tok");
+    client
+        .send_events("sesn 1?x", vec![result_event(1)])
+        .await
+        .unwrap();
+    assert_eq!(
+        server.seen()[0].request_line,
+        "POST /prefix/v1/sessions/sesn%201%3Fx/events HTTP/1.1"
+    );
 }
