@@ -76,8 +76,7 @@ impl Lane {
 
     /// POSTs `body` (JSON) to `path` (see [`Lane::carries`]) with the
     /// client's credential and beta header.
-    pub(crate) async fn post_json(&self, path: &str, body: Vec<u8>) -> Result<Answer, LaneError> {
-        let body = Bytes::from(body);
+    pub(crate) async fn post_json(&self, path: &str, body: Bytes) -> Result<Answer, LaneError> {
         let (mut sender, mut reused) = match self.take_idle() {
             Some(sender) => (sender, true),
             None => (self.connect().await?, false),

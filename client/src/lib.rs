@@ -528,6 +528,7 @@ impl Client {
         let sent: Sent = match &self.lane {
             Some(lane) if lane::Lane::carries(&path) => {
                 let bytes = serde_json::to_vec(&body)
+                    .map(bytes::Bytes::from)
                     .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?;
                 let answer = self
                     .retrying(&path, || async {
