@@ -13,6 +13,7 @@ use crate::store::work::{self, NewWork, WorkRow};
 use crate::{ids, ApiContext, Settings};
 use axum::http::StatusCode;
 use mango_protocol::time;
+use mango_protocol::{ErrorCode, ErrorType};
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
 use std::collections::BTreeMap;
@@ -21,8 +22,8 @@ use std::sync::Arc;
 fn refusal(
     index: usize,
     status: StatusCode,
-    kind: &'static str,
-    code: &str,
+    kind: ErrorType,
+    code: ErrorCode,
     message: String,
 ) -> ApiError {
     ApiError::new(status, kind, format!("events[{index}]: {message}")).code(code)
@@ -62,7 +63,7 @@ pub async fn admit(
             "session {} is archived and takes no input",
             session.id
         ))
-        .code("session_archived")
+        .code(ErrorCode::SessionArchived)
         .final_answer());
     }
     // One clock reading for the whole admission: its events, Work and outbox row.
@@ -195,15 +196,15 @@ fn answers_a_call(event_type: &str) -> bool {
 fn send_refusal(index: usize, why: rules::SendRefusal, session_id: &str) -> ApiError {
     match why {
         rules::SendRefusal::NotSendable(t) if t.starts_with("agent.") || t.starts_with("session.") || t.starts_with("span.") => {
-            refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "event_not_sendable",
+            refusal(index, StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError, ErrorCode::EventNotSendable,
                 format!("{t:?} events are produced by the agent loop, not sent by clients"))
         }
-        rules::SendRefusal::NotSendable(t) => refusal(index, StatusCode::BAD_REQUEST, "invalid_request_error", "unknown_event_type",
+        rules::SendRefusal::NotSendable(t) => refusal(index, StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError, ErrorCode::UnknownEventType,
             format!("unknown event type {t:?}; clients send one of {}", rules::SENDABLE.join(", "))),
-        rules::SendRefusal::NotPermitted(t) => refusal(index, StatusCode::FORBIDDEN, "permission_error", "permission_denied",
+        rules::SendRefusal::NotPermitted(t) => refusal(index, StatusCode::FORBIDDEN, ErrorType::PermissionError, ErrorCode::PermissionDenied,
             format!("a sessions token may send only user.tool_result and user.custom_tool_result, not {t:?}")),
         rules::SendRefusal::Terminated => ApiError::conflict(format!("session {session_id} is terminated and takes no input"))
-            .code("session_terminated")
+            .code(ErrorCode::SessionTerminated)
             .final_answer(),
     }
 }
@@ -237,8 +238,8 @@ async fn settle_against_tool_call(
         refusal(
             index,
             StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "unknown_tool_use_id",
+            ErrorType::InvalidRequestError,
+            ErrorCode::UnknownToolUseId,
             format!(
                 "{key} {call_id:?} names no tool call of session {}",
                 session.id
@@ -259,22 +260,22 @@ async fn settle_against_tool_call(
             Err(rules::ConfirmationRefusal::NotAsked) => Err(refusal(
                 index,
                 StatusCode::CONFLICT,
-                "conflict_error",
-                "confirmation_not_requested",
+                ErrorType::ConflictError,
+                ErrorCode::ConfirmationNotRequested,
                 format!("tool call {call_id} was not evaluated \"ask\"; it takes no confirmation"),
             )),
             Err(rules::ConfirmationRefusal::AlreadyConfirmed) => Err(refusal(
                 index,
                 StatusCode::CONFLICT,
-                "conflict_error",
-                "already_confirmed",
+                ErrorType::ConflictError,
+                ErrorCode::AlreadyConfirmed,
                 format!("tool call {call_id} already has a different confirmation"),
             )),
             Err(rules::ConfirmationRefusal::AlreadyAnswered) => Err(refusal(
                 index,
                 StatusCode::CONFLICT,
-                "conflict_error",
-                "already_answered",
+                ErrorType::ConflictError,
+                ErrorCode::AlreadyAnswered,
                 format!("tool call {call_id} already has a result"),
             )),
         };
@@ -288,8 +289,8 @@ async fn settle_against_tool_call(
         Err(rules::ResultRefusal::WrongKind) => Err(refusal(
             index,
             StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "wrong_result_type",
+            ErrorType::InvalidRequestError,
+            ErrorCode::WrongResultType,
             format!(
                 "{call_id} is answered with {}",
                 if kind == CallKind::Tool {
@@ -302,16 +303,16 @@ async fn settle_against_tool_call(
         Err(rules::ResultRefusal::Denied) => Err(refusal(
             index,
             StatusCode::CONFLICT,
-            "conflict_error",
-            "tool_use_denied",
+            ErrorType::ConflictError,
+            ErrorCode::ToolUseDenied,
             format!("tool call {call_id} was denied; a denied call never produces a result"),
         )
         .final_answer()),
         Err(rules::ResultRefusal::AwaitingConfirmation) => Err(refusal(
             index,
             StatusCode::CONFLICT,
-            "conflict_error",
-            "awaiting_confirmation",
+            ErrorType::ConflictError,
+            ErrorCode::AwaitingConfirmation,
             format!("tool call {call_id} is waiting for an allow confirmation"),
         )
         .final_answer()),

@@ -5,7 +5,7 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_len, Body};
-use mango_protocol::codes;
+use mango_protocol::ErrorCode;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
 
@@ -56,7 +56,7 @@ pub(crate) const WEB_TOOLS: [&str; 2] = ["web_fetch", "web_search"];
 pub(crate) const EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
 
 pub(crate) fn invalid_tools(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message).code(codes::INVALID_TOOLS)
+    ApiError::bad_request(message).code(ErrorCode::InvalidTools)
 }
 
 pub(crate) fn object<'a>(what: &str, value: &'a Value) -> ApiResult<&'a Map<String, Value>> {

@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use mango_protocol::codes;
+use mango_protocol::{ErrorCode, ErrorType};
 use serde_json::{json, Map, Value};
 
 tokio::task_local! {
@@ -18,7 +18,7 @@ pub fn current_request_id() -> Option<String> {
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub kind: &'static str,
+    pub kind: ErrorType,
     pub message: String,
     pub details: Map<String, Value>,
     /// `x-should-retry: false` for answers a retry cannot change (SDK retries 409).
@@ -28,7 +28,7 @@ pub struct ApiError {
 pub type ApiResult<T> = Result<T, ApiError>;
 
 impl ApiError {
-    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, kind: ErrorType, message: impl Into<String>) -> Self {
         ApiError {
             status,
             kind,
@@ -37,9 +37,9 @@ impl ApiError {
             final_answer: false,
         }
     }
-    pub fn code(mut self, code: &str) -> Self {
+    pub fn code(mut self, code: ErrorCode) -> Self {
         self.details
-            .insert("error_code".into(), Value::String(code.into()));
+            .insert("error_code".into(), Value::String(code.as_str().into()));
         self
     }
     pub fn detail(mut self, key: &str, value: Value) -> Self {
@@ -52,28 +52,44 @@ impl ApiError {
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            ErrorType::InvalidRequestError,
+            message,
+        )
     }
     pub fn invalid_parameter(message: impl Into<String>) -> Self {
-        Self::bad_request(message).code(codes::INVALID_PARAMETER)
+        Self::bad_request(message).code(ErrorCode::InvalidParameter)
     }
     pub fn unauthenticated(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorType::AuthenticationError,
+            message,
+        )
     }
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "permission_error", message)
+        Self::new(StatusCode::FORBIDDEN, ErrorType::PermissionError, message)
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found_error", message)
+        Self::new(StatusCode::NOT_FOUND, ErrorType::NotFoundError, message)
     }
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict_error", message)
+        Self::new(StatusCode::CONFLICT, ErrorType::ConflictError, message)
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorType::ApiError,
+            message,
+        )
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::OverloadedError,
+            message,
+        )
     }
 }
 
@@ -93,31 +109,17 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-/// Every error carries a stable `details.error_code`; classes without a more
-/// specific one get a code named after their type.
-fn default_code(kind: &str) -> &'static str {
-    match kind {
-        "invalid_request_error" => "invalid_request",
-        "authentication_error" => "authentication_failed",
-        "permission_error" => "permission_denied",
-        "not_found_error" => "not_found",
-        "conflict_error" => "conflict",
-        "request_too_large" => "request_too_large",
-        "overloaded_error" => "overloaded",
-        _ => "internal_error",
-    }
-}
-
 impl IntoResponse for ApiError {
     fn into_response(mut self) -> Response {
         let request_id = current_request_id();
         if !self.details.contains_key("error_code") {
             self.details.insert(
                 "error_code".into(),
-                Value::String(default_code(self.kind).into()),
+                Value::String(self.kind.default_code().as_str().into()),
             );
         }
-        let error = json!({ "type": self.kind, "message": self.message, "details": self.details });
+        let error =
+            json!({ "type": self.kind.as_str(), "message": self.message, "details": self.details });
         let body = json!({ "type": "error", "error": error, "request_id": request_id });
         let mut response = (self.status, axum::Json(body)).into_response();
         if self.final_answer {

@@ -2,7 +2,7 @@
 //! and JSON bodies are checked field by field, unknown fields are refused.
 
 use crate::error::{ApiError, ApiResult};
-use mango_protocol::codes;
+use mango_protocol::{ErrorCode, ErrorType};
 use serde_json::{Map, Value};
 
 /// Query parameters, in order, repeated keys kept (for `types[]=a&types[]=b`).
@@ -82,7 +82,7 @@ impl Body {
         if bytes.iter().all(|b| b.is_ascii_whitespace()) {
             return Err(
                 ApiError::bad_request("request body is required: send a JSON object")
-                    .code(codes::INVALID_JSON),
+                    .code(ErrorCode::InvalidJson),
             );
         }
         Self::object(bytes, allowed)
@@ -99,11 +99,11 @@ impl Body {
     fn object(bytes: &[u8], allowed: &[&str]) -> ApiResult<Body> {
         let value: Value = serde_json::from_slice(bytes).map_err(|e| {
             ApiError::bad_request(format!("request body is not valid JSON: {e}"))
-                .code(codes::INVALID_JSON)
+                .code(ErrorCode::InvalidJson)
         })?;
         let Value::Object(map) = value else {
             return Err(ApiError::bad_request("request body must be a JSON object")
-                .code(codes::INVALID_JSON));
+                .code(ErrorCode::InvalidJson));
         };
         if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(ApiError::invalid_parameter(format!(
@@ -200,7 +200,7 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for RawBody {
                 if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                     Err(ApiError::new(
                         status,
-                        "request_too_large",
+                        ErrorType::RequestTooLarge,
                         format!("request body is larger than {MAX_BODY_BYTES} bytes"),
                     ))
                 } else {

@@ -1,7 +1,7 @@
 //! Metadata maps: string → string, at most 16 keys, key ≤ 64 and value ≤ 512 characters.
 
 use crate::error::ApiError;
-use mango_protocol::codes;
+use mango_protocol::ErrorCode;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ pub const MAX_KEY_CHARS: usize = 64;
 pub const MAX_VALUE_CHARS: usize = 512;
 
 fn invalid(message: String) -> ApiError {
-    ApiError::bad_request(message).code(codes::INVALID_METADATA)
+    ApiError::bad_request(message).code(ErrorCode::InvalidMetadata)
 }
 
 fn check_entry(key: &str, value: &str) -> Result<(), ApiError> {

@@ -1,7 +1,9 @@
+//! The error envelope (`{"type":"error","error":{…},"request_id":…}`) and
+//! every error type and code the api answers with. The SDK picks its
+//! exception class from the HTTP status and `error.details.error_code`.
+
 use serde::{Deserialize, Serialize};
 
-/// `{"type":"error","error":{…},"request_id":…}`: the SDK picks its exception
-/// class from the HTTP status and `error.details.error_code`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorEnvelope {
     #[serde(rename = "type")]
@@ -21,30 +23,171 @@ pub struct ErrorBody {
 }
 
 impl ErrorEnvelope {
+    /// `details.error_code` as sent (a newer server may send codes this
+    /// build does not know).
     pub fn error_code(&self) -> Option<&str> {
         self.error.details.as_ref()?.get("error_code")?.as_str()
     }
+
+    /// `details.error_code`, when it is one this build knows.
+    pub fn code(&self) -> Option<ErrorCode> {
+        self.error_code().and_then(ErrorCode::parse)
+    }
 }
 
-/// Stable `details.error_code` values.
-pub mod codes {
-    pub const HEARTBEAT_PRECONDITION_FAILED: &str = "heartbeat_precondition_failed";
-    pub const INVALID_METADATA: &str = "invalid_metadata";
-    pub const ENVIRONMENT_ARCHIVED: &str = "environment_archived";
-    pub const ENVIRONMENT_NOT_FOUND: &str = "environment_not_found";
-    pub const INVALID_CONFIG_TYPE_CHANGE: &str = "invalid_config_type_change";
-    pub const UNSUPPORTED_CONFIG_TYPE: &str = "unsupported_config_type";
-    pub const WORK_NOT_FOUND: &str = "work_not_found";
-    pub const WORK_ALREADY_STOPPED: &str = "work_already_stopped";
-    pub const WORK_NOT_CLAIMED: &str = "work_not_claimed";
-    pub const WORK_NOT_ACTIVE: &str = "work_not_active";
-    pub const RESULT_CONFLICT: &str = "result_conflict";
-    pub const NOT_A_HEALTHCHECK: &str = "not_a_healthcheck";
-    pub const INVALID_PARAMETER: &str = "invalid_parameter";
-    pub const INVALID_JSON: &str = "invalid_json";
-    pub const INVALID_CURSOR: &str = "invalid_cursor";
-    pub const AGENT_NOT_FOUND: &str = "agent_not_found";
-    pub const AGENT_ARCHIVED: &str = "agent_archived";
-    pub const AGENT_VERSION_CONFLICT: &str = "agent_version_conflict";
-    pub const INVALID_TOOLS: &str = "invalid_tools";
+/// `error.type`: the class of an error, with the HTTP status that carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    InvalidRequestError,
+    AuthenticationError,
+    PermissionError,
+    NotFoundError,
+    ConflictError,
+    RequestTooLarge,
+    OverloadedError,
+    ApiError,
+}
+
+impl ErrorType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::InvalidRequestError => "invalid_request_error",
+            ErrorType::AuthenticationError => "authentication_error",
+            ErrorType::PermissionError => "permission_error",
+            ErrorType::NotFoundError => "not_found_error",
+            ErrorType::ConflictError => "conflict_error",
+            ErrorType::RequestTooLarge => "request_too_large",
+            ErrorType::OverloadedError => "overloaded_error",
+            ErrorType::ApiError => "api_error",
+        }
+    }
+
+    /// The code of an error of this type that has no more specific one.
+    pub fn default_code(self) -> ErrorCode {
+        match self {
+            ErrorType::InvalidRequestError => ErrorCode::InvalidRequest,
+            ErrorType::AuthenticationError => ErrorCode::AuthenticationFailed,
+            ErrorType::PermissionError => ErrorCode::PermissionDenied,
+            ErrorType::NotFoundError => ErrorCode::NotFound,
+            ErrorType::ConflictError => ErrorCode::Conflict,
+            ErrorType::RequestTooLarge => ErrorCode::RequestTooLarge,
+            ErrorType::OverloadedError => ErrorCode::Overloaded,
+            ErrorType::ApiError => ErrorCode::InternalError,
+        }
+    }
+}
+
+macro_rules! error_codes {
+    ($($(#[doc = $doc:literal])* $variant:ident => $code:literal,)*) => {
+        /// Stable `details.error_code` values: every one the api sends.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl ErrorCode {
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $code,)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    // Defaults, one per error type.
+    InvalidRequest => "invalid_request",
+    AuthenticationFailed => "authentication_failed",
+    PermissionDenied => "permission_denied",
+    NotFound => "not_found",
+    Conflict => "conflict",
+    RequestTooLarge => "request_too_large",
+    Overloaded => "overloaded",
+    InternalError => "internal_error",
+    // Request parsing.
+    InvalidParameter => "invalid_parameter",
+    InvalidJson => "invalid_json",
+    InvalidCursor => "invalid_cursor",
+    InvalidMetadata => "invalid_metadata",
+    // Environments.
+    EnvironmentNotFound => "environment_not_found",
+    EnvironmentArchived => "environment_archived",
+    /// Deleting an Environment that still has Sessions.
+    EnvironmentInUse => "environment_in_use",
+    InvalidConfigTypeChange => "invalid_config_type_change",
+    UnsupportedConfigType => "unsupported_config_type",
+    // Work.
+    WorkNotFound => "work_not_found",
+    WorkAlreadyStopped => "work_already_stopped",
+    WorkNotClaimed => "work_not_claimed",
+    WorkNotActive => "work_not_active",
+    HeartbeatPreconditionFailed => "heartbeat_precondition_failed",
+    ResultConflict => "result_conflict",
+    NotAHealthcheck => "not_a_healthcheck",
+    // Agents.
+    AgentNotFound => "agent_not_found",
+    AgentArchived => "agent_archived",
+    AgentVersionConflict => "agent_version_conflict",
+    InvalidTools => "invalid_tools",
+    // Sessions and their events.
+    SessionNotFound => "session_not_found",
+    SessionArchived => "session_archived",
+    SessionTerminated => "session_terminated",
+    EventNotSendable => "event_not_sendable",
+    UnknownEventType => "unknown_event_type",
+    UnknownToolUseId => "unknown_tool_use_id",
+    WrongResultType => "wrong_result_type",
+    ToolUseDenied => "tool_use_denied",
+    AwaitingConfirmation => "awaiting_confirmation",
+    ConfirmationNotRequested => "confirmation_not_requested",
+    AlreadyConfirmed => "already_confirmed",
+    AlreadyAnswered => "already_answered",
+}
+
+impl ErrorCode {
+    pub fn parse(s: &str) -> Option<ErrorCode> {
+        Self::ALL.iter().copied().find(|c| c.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.as_str()), "{code} twice");
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(*code));
+        }
+        assert_eq!(ErrorCode::parse("no_such_code"), None);
+    }
+
+    #[test]
+    fn types_serialize_as_their_names_and_have_default_codes() {
+        for t in [
+            ErrorType::InvalidRequestError,
+            ErrorType::AuthenticationError,
+            ErrorType::PermissionError,
+            ErrorType::NotFoundError,
+            ErrorType::ConflictError,
+            ErrorType::RequestTooLarge,
+            ErrorType::OverloadedError,
+            ErrorType::ApiError,
+        ] {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+            assert!(ErrorCode::ALL.contains(&t.default_code()));
+        }
+    }
 }

@@ -3,10 +3,14 @@
 //!
 //! Shapes follow the official SDK's models (see `shared/reference/sdk-wire-contract.md`).
 
+pub mod content;
 pub mod environment;
 pub mod error;
+pub mod events;
 pub mod page;
+pub mod strict;
 pub mod time;
+pub mod tools;
 pub mod work;
 
 pub use environment::*;

@@ -5,37 +5,76 @@ use std::collections::BTreeMap;
 /// The literal that claims a lease on the first heartbeat.
 pub const NO_HEARTBEAT: &str = "NO_HEARTBEAT";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkState {
-    Queued,
-    Starting,
-    Active,
-    Stopping,
-    Stopped,
+/// A string enum of the wire (and of the store's text columns): its names
+/// are its serde names, listed once in [`wire_enum!`].
+pub trait WireEnum: Copy + Sized + 'static {
+    const ALL: &'static [Self];
+    fn as_str(self) -> &'static str;
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|v| v.as_str() == s)
+    }
 }
 
-impl WorkState {
-    pub const ALL: [WorkState; 5] = [
-        WorkState::Queued,
-        WorkState::Starting,
-        WorkState::Active,
-        WorkState::Stopping,
-        WorkState::Stopped,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkState::Queued => "queued",
-            WorkState::Starting => "starting",
-            WorkState::Active => "active",
-            WorkState::Stopping => "stopping",
-            WorkState::Stopped => "stopped",
+/// Defines a string enum with its wire names, serde, [`WireEnum`] and
+/// `TryFrom<String>` (what the store decodes its columns with).
+#[macro_export]
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[doc = $doc:literal])* $variant:ident => $text:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        $vis enum $name {
+            $($(#[doc = $doc])* #[serde(rename = $text)] $variant,)*
         }
-    }
 
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|st| st.as_str() == s)
+        impl $crate::work::WireEnum for $name {
+            const ALL: &'static [Self] = &[$($name::$variant,)*];
+            fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                <Self as $crate::work::WireEnum>::as_str(self)
+            }
+            pub fn parse(s: &str) -> Option<Self> {
+                <Self as $crate::work::WireEnum>::parse(s)
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                Self::parse(&s).ok_or_else(|| format!("{s:?} is not a {}", stringify!($name)))
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+wire_enum! {
+    /// A Work item's state: `queued → starting → active → stopping → stopped`.
+    pub enum WorkState {
+        Queued => "queued",
+        Starting => "starting",
+        Active => "active",
+        Stopping => "stopping",
+        Stopped => "stopped",
+    }
+}
+
+wire_enum! {
+    /// What a Work item is for (`data.type`, `MANGO_WORK_TYPE`).
+    pub enum WorkType {
+        Session => "session",
+        Healthcheck => "healthcheck",
     }
 }
 
@@ -47,33 +86,29 @@ pub enum WorkData {
     Healthcheck,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CheckStatus {
-    Succeeded,
-    Failed,
-    TimedOut,
-    Cancelled,
-}
-
-impl CheckStatus {
-    pub fn as_str(self) -> &'static str {
+impl WorkData {
+    pub fn work_type(&self) -> WorkType {
         match self {
-            CheckStatus::Succeeded => "succeeded",
-            CheckStatus::Failed => "failed",
-            CheckStatus::TimedOut => "timed_out",
-            CheckStatus::Cancelled => "cancelled",
+            WorkData::Session { .. } => WorkType::Session,
+            WorkData::Healthcheck => WorkType::Healthcheck,
         }
     }
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            Self::Succeeded,
-            Self::Failed,
-            Self::TimedOut,
-            Self::Cancelled,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
+
+    pub fn session_id(&self) -> Option<&str> {
+        match self {
+            WorkData::Session { id } => Some(id),
+            WorkData::Healthcheck => None,
+        }
+    }
+}
+
+wire_enum! {
+    /// A healthcheck's terminal result.
+    pub enum CheckStatus {
+        Succeeded => "succeeded",
+        Failed => "failed",
+        TimedOut => "timed_out",
+        Cancelled => "cancelled",
     }
 }
 

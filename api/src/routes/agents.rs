@@ -13,7 +13,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mango_protocol::{codes, time, Page};
+use mango_protocol::{time, ErrorCode, Page};
 use serde_json::{json, Value};
 
 use crate::agent_definition::{
@@ -30,7 +30,7 @@ pub fn router() -> Router<ApiContext> {
 }
 
 fn not_found(agent: &str) -> ApiError {
-    ApiError::not_found(format!("agent {agent} not found")).code(codes::AGENT_NOT_FOUND)
+    ApiError::not_found(format!("agent {agent} not found")).code(ErrorCode::AgentNotFound)
 }
 
 // ---- handlers ---------------------------------------------------------------
@@ -88,7 +88,7 @@ async fn retrieve(
         None => match version {
             Some(v) if agents::exists(&mut *conn, &key.workspace_id, &agent).await? => Err(
                 ApiError::not_found(format!("agent {agent} has no version {v}"))
-                    .code(codes::AGENT_NOT_FOUND),
+                    .code(ErrorCode::AgentNotFound),
             ),
             _ => Err(not_found(&agent)),
         },
@@ -142,9 +142,8 @@ fn apply(body: &Body, current: &AgentRow) -> ApiResult<Definition> {
             )?);
         }
         Some(_) => {
-            return Err(
-                ApiError::bad_request("metadata must be an object").code(codes::INVALID_METADATA)
-            )
+            return Err(ApiError::bad_request("metadata must be an object")
+                .code(ErrorCode::InvalidMetadata))
         }
     }
     check_mcp_references(&def.tools, &def.mcp_servers)?;
@@ -178,12 +177,12 @@ async fn update(
         Updated::Archived => Err(ApiError::bad_request(format!(
             "agent {agent} is archived and cannot be updated"
         ))
-        .code(codes::AGENT_ARCHIVED)),
+        .code(ErrorCode::AgentArchived)),
         Updated::Conflict(current) => Err(ApiError::conflict(format!(
             "agent {agent} is at version {current}, not {}; retrieve it and retry",
             expected.unwrap_or_default()
         ))
-        .code(codes::AGENT_VERSION_CONFLICT)
+        .code(ErrorCode::AgentVersionConflict)
         .detail("current_version", json!(current))
         .final_answer()),
     }
@@ -242,7 +241,7 @@ async fn versions(
                 ApiError::invalid_parameter(format!(
                     "page {page:?} is not a cursor this API issued"
                 ))
-                .code(codes::INVALID_CURSOR)
+                .code(ErrorCode::InvalidCursor)
             })?)
         }
     };

@@ -12,7 +12,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mango_protocol::{codes, time, EnvironmentDeleted, Page};
+use mango_protocol::{time, EnvironmentDeleted, ErrorCode, Page};
 use serde_json::{json, Value};
 
 const FIELDS: &[&str] = &["name", "description", "config", "metadata", "scope"];
@@ -30,7 +30,7 @@ pub fn router() -> Router<ApiContext> {
 }
 
 fn not_found(env: &str) -> ApiError {
-    ApiError::not_found(format!("environment {env} not found")).code(codes::ENVIRONMENT_NOT_FOUND)
+    ApiError::not_found(format!("environment {env} not found")).code(ErrorCode::EnvironmentNotFound)
 }
 
 /// `config` must be `{"type":"self_hosted"}` (or null on create: the same).
@@ -49,11 +49,11 @@ fn self_hosted_config(value: Option<&Value>, on_update: bool) -> ApiResult<Optio
             Some(other) if on_update => Err(ApiError::bad_request(format!(
                 "config.type cannot change from \"self_hosted\" to {other:?}"
             ))
-            .code(codes::INVALID_CONFIG_TYPE_CHANGE)),
+            .code(ErrorCode::InvalidConfigTypeChange)),
             Some(other) => Err(ApiError::bad_request(format!(
                 "config.type {other:?} is not supported: Mango runs self_hosted Environments only"
             ))
-            .code(codes::UNSUPPORTED_CONFIG_TYPE)),
+            .code(ErrorCode::UnsupportedConfigType)),
             None => Err(ApiError::invalid_parameter("config.type is required")),
         },
         Some(_) => Err(ApiError::invalid_parameter("config must be an object")),
@@ -138,7 +138,7 @@ async fn update(
         return Err(ApiError::bad_request(format!(
             "environment {env} is archived and cannot be updated"
         ))
-        .code(codes::ENVIRONMENT_ARCHIVED));
+        .code(ErrorCode::EnvironmentArchived));
     }
     if let Some(config) = self_hosted_config(body.get("config"), true)? {
         row.config = config;
@@ -159,9 +159,8 @@ async fn update(
             )?);
         }
         Some(_) => {
-            return Err(
-                ApiError::bad_request("metadata must be an object").code(codes::INVALID_METADATA)
-            )
+            return Err(ApiError::bad_request("metadata must be an object")
+                .code(ErrorCode::InvalidMetadata))
         }
     }
     if let Some(s) = scope(&body)? {

@@ -16,6 +16,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use mango_protocol::ErrorType;
 use serde_json::json;
 use std::time::Instant;
 
@@ -35,7 +36,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::new(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "invalid_request_error",
+                ErrorType::InvalidRequestError,
                 "method not allowed on this endpoint",
             )
         })

@@ -21,7 +21,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mango_protocol::{codes, time};
+use mango_protocol::{time, ErrorCode};
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 use std::collections::VecDeque;
@@ -49,7 +49,7 @@ pub fn router() -> Router<ApiContext> {
 }
 
 fn not_found(id: &str) -> ApiError {
-    ApiError::not_found(format!("session {id} not found")).code("session_not_found")
+    ApiError::not_found(format!("session {id} not found")).code(ErrorCode::SessionNotFound)
 }
 
 /// Who may touch this Session, and as what.
@@ -206,13 +206,13 @@ async fn create(
         .await?
         .ok_or_else(|| {
             ApiError::not_found(format!("environment {environment_id} not found"))
-                .code(codes::ENVIRONMENT_NOT_FOUND)
+                .code(ErrorCode::EnvironmentNotFound)
         })?;
     if environment.archived_at.is_some() {
         return Err(ApiError::bad_request(format!(
             "environment {environment_id} is archived; it takes no new Sessions"
         ))
-        .code(codes::ENVIRONMENT_ARCHIVED));
+        .code(ErrorCode::EnvironmentArchived));
     }
     let agent = agents::find(&mut *conn, &key.workspace_id, &agent_id, version)
         .await?
@@ -221,13 +221,13 @@ async fn create(
                 Some(v) => format!("agent {agent_id} has no version {v}"),
                 None => format!("agent {agent_id} not found"),
             })
-            .code("agent_not_found")
+            .code(ErrorCode::AgentNotFound)
         })?;
     if agent.archived_at.is_some() {
         return Err(ApiError::bad_request(format!(
             "agent {agent_id} is archived; it takes no new Sessions"
         ))
-        .code("agent_archived"));
+        .code(ErrorCode::AgentArchived));
     }
     let mut snapshot = agent.render();
     if let Value::Object(map) = &mut snapshot {
@@ -504,7 +504,7 @@ async fn list_events(
         None => None,
         Some(page) => Some(cursor::decode(page)?.1.parse::<i64>().map_err(|_| {
             ApiError::invalid_parameter("page is not a cursor this API issued")
-                .code(codes::INVALID_CURSOR)
+                .code(ErrorCode::InvalidCursor)
         })?),
     };
     let mut rows =

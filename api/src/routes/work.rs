@@ -23,8 +23,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::Duration;
 use mango_protocol::time::{self, Timestamp};
+use mango_protocol::ErrorType;
 use mango_protocol::{
-    codes, CheckResult, CheckStatus, HeartbeatResponse, LeaseStateBody, Page, QueueStats,
+    CheckResult, CheckStatus, ErrorCode, HeartbeatResponse, LeaseStateBody, Page, QueueStats,
     NO_HEARTBEAT,
 };
 use serde_json::Value;
@@ -64,14 +65,14 @@ async fn environment_of(
         .await?
         .ok_or_else(|| {
             ApiError::not_found(format!("environment {env} not found"))
-                .code(codes::ENVIRONMENT_NOT_FOUND)
+                .code(ErrorCode::EnvironmentNotFound)
         })
 }
 
 async fn work_of(conn: &mut PgConnection, env: &str, work_id: &str) -> ApiResult<WorkRow> {
     work::find(&mut *conn, env, work_id).await?.ok_or_else(|| {
         ApiError::not_found(format!("work {work_id} not found in environment {env}"))
-            .code(codes::WORK_NOT_FOUND)
+            .code(ErrorCode::WorkNotFound)
     })
 }
 
@@ -207,7 +208,7 @@ async fn create(
         return Err(ApiError::bad_request(format!(
             "environment {env} is archived and gets no new Work"
         ))
-        .code(codes::ENVIRONMENT_ARCHIVED));
+        .code(ErrorCode::EnvironmentArchived));
     }
     let now = time::now();
     let lease = Lease::new(Kind::Healthcheck, now, ctx.settings.default_ttl_seconds);
@@ -251,9 +252,8 @@ async fn update(
         None | Some(Value::Null) => None,
         Some(Value::Object(map)) => Some(map.clone()),
         Some(_) => {
-            return Err(
-                ApiError::bad_request("metadata must be an object").code(codes::INVALID_METADATA)
-            )
+            return Err(ApiError::bad_request("metadata must be an object")
+                .code(ErrorCode::InvalidMetadata))
         }
     };
     let mut row = work_of(&mut conn, &env, &id).await?;
@@ -423,10 +423,10 @@ async fn ack(
                 Err(AckError::NotClaimed) => Err(ApiError::conflict(format!(
                     "work {id} has not been polled; Poll claims it first"
                 ))
-                .code(codes::WORK_NOT_CLAIMED)
+                .code(ErrorCode::WorkNotClaimed)
                 .final_answer()),
                 Err(AckError::Stopped) => Err(ApiError::conflict(format!("work {id} is stopped"))
-                    .code(codes::WORK_ALREADY_STOPPED)
+                    .code(ErrorCode::WorkAlreadyStopped)
                     .final_answer()),
             },
         )
@@ -449,10 +449,10 @@ fn lease_state(lease: &Lease) -> LeaseStateBody {
 fn precondition_failed(lease: &Lease) -> ApiError {
     ApiError::new(
         StatusCode::PRECONDITION_FAILED,
-        "invalid_request_error",
+        ErrorType::InvalidRequestError,
         "expected_last_heartbeat does not match the lease, or the lease expired: another holder may own this Work",
     )
-    .code(codes::HEARTBEAT_PRECONDITION_FAILED)
+    .code(ErrorCode::HeartbeatPreconditionFailed)
     .detail("current_state", serde_json::to_value(lease_state(lease)).expect("serializable"))
 }
 
@@ -544,7 +544,7 @@ async fn heartbeat(
 
 fn already_stopped(id: &str) -> ApiError {
     ApiError::conflict(format!("work {id} is already stopped"))
-        .code(codes::WORK_ALREADY_STOPPED)
+        .code(ErrorCode::WorkAlreadyStopped)
         .final_answer()
 }
 
@@ -628,16 +628,16 @@ async fn result(
         current.admits_token(TokenUse::Result, now).map_err(token_rejected)?;
         current.complete(&outcome, now).map_err(|e| match e {
             ResultError::NotAHealthcheck => {
-                ApiError::bad_request("only healthcheck Work has a result; Session Work ends with Stop or Fail").code(codes::NOT_A_HEALTHCHECK)
+                ApiError::bad_request("only healthcheck Work has a result; Session Work ends with Stop or Fail").code(ErrorCode::NotAHealthcheck)
             }
             ResultError::NotActive => ApiError::conflict(format!(
                 "work {id} is {}: only an active lease (after its first heartbeat) may post a result",
                 current.state.as_str()
             ))
-            .code(codes::WORK_NOT_ACTIVE)
+            .code(ErrorCode::WorkNotActive)
             .final_answer(),
             ResultError::Conflict => ApiError::conflict("a different result was already stored for this Work")
-                .code(codes::RESULT_CONFLICT)
+                .code(ErrorCode::ResultConflict)
                 .final_answer(),
         })
     })

@@ -4,8 +4,8 @@ use crate::error::{ApiError, ApiResult};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use chrono::DateTime;
-use mango_protocol::codes;
 use mango_protocol::time::Timestamp;
+use mango_protocol::ErrorCode;
 
 pub fn encode(created_at: &Timestamp, id: &str) -> String {
     URL_SAFE_NO_PAD.encode(format!("v1:{}:{id}", created_at.timestamp_micros()))
@@ -14,7 +14,7 @@ pub fn encode(created_at: &Timestamp, id: &str) -> String {
 pub fn decode(cursor: &str) -> ApiResult<(Timestamp, String)> {
     let bad = || {
         ApiError::invalid_parameter(format!("page {cursor:?} is not a cursor this API issued"))
-            .code(codes::INVALID_CURSOR)
+            .code(ErrorCode::InvalidCursor)
     };
     let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
     let text = String::from_utf8(raw).map_err(|_| bad())?;
