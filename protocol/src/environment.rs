@@ -1,3 +1,4 @@
+use crate::patch::Patch;
 use crate::time::{serde_ts, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -26,4 +27,49 @@ pub struct EnvironmentDeleted {
     pub id: String,
     #[serde(rename = "type")]
     pub kind: String,
+}
+
+/// `config`: Mango runs `self_hosted` Environments only; which other types
+/// exist, and what to answer for them, is the api's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvironmentConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    Organization,
+    Account,
+}
+
+/// `POST /v1/environments`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateEnvironment {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<EnvironmentConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+}
+
+/// `POST /v1/environments/{id}`: fields absent are kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpdateEnvironment {
+    #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    pub name: Patch<String>,
+    #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    pub description: Patch<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<EnvironmentConfig>,
+    /// A patch: a string sets, null or "" deletes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    pub scope: Patch<Scope>,
 }

@@ -3,11 +3,14 @@
 //!
 //! Shapes follow the official SDK's models (see `shared/reference/sdk-wire-contract.md`).
 
+pub mod agents;
 pub mod content;
 pub mod environment;
 pub mod error;
 pub mod events;
 pub mod page;
+pub mod patch;
+pub mod sessions;
 pub mod strict;
 pub mod time;
 pub mod tools;

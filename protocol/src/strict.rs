@@ -91,6 +91,31 @@ fn first_unknown(input: &Value, known: &Value, path: String) -> Option<String> {
     }
 }
 
+/// A string or an object, each parsed with its own errors (an untagged
+/// enum would only say that neither fit).
+pub(crate) fn string_or_object<'de, D, S, O, T>(
+    d: D,
+    expected: &str,
+    string: impl FnOnce(S) -> T,
+    object: impl FnOnce(O) -> T,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    S: serde::de::DeserializeOwned,
+    O: serde::de::DeserializeOwned,
+{
+    use serde::de::Error;
+    match <Value as serde::Deserialize>::deserialize(d)? {
+        v @ Value::String(_) => serde_json::from_value(v)
+            .map(string)
+            .map_err(D::Error::custom),
+        v @ Value::Object(_) => serde_json::from_value(v)
+            .map(object)
+            .map_err(D::Error::custom),
+        _ => Err(D::Error::custom(format!("must be {expected}"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

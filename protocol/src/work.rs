@@ -183,3 +183,72 @@ pub struct QueueStats {
     pub oldest_queued_at: Option<Timestamp>,
     pub workers_polling: Option<i64>,
 }
+
+// ------------------------------------------------------------------ request bodies
+
+/// `POST /v1/environments/{id}/work`: healthchecks only (Session Work is
+/// created by Session admission).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateWork {
+    pub data: WorkData,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `POST /v1/environments/{id}/work/{work_id}`: a metadata patch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWork {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `…/heartbeat`'s JSON body; the SDK sends the same fields as query parameters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_last_heartbeat: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_ttl_seconds: Option<i64>,
+}
+
+/// `…/stop`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StopWork {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+
+wire_enum! {
+    /// What a healthcheck's worker may report.
+    pub enum ReportedStatus {
+        Succeeded => "succeeded",
+        Failed => "failed",
+    }
+}
+
+impl From<ReportedStatus> for CheckStatus {
+    fn from(s: ReportedStatus) -> CheckStatus {
+        match s {
+            ReportedStatus::Succeeded => CheckStatus::Succeeded,
+            ReportedStatus::Failed => CheckStatus::Failed,
+        }
+    }
+}
+
+/// `…/result` (sessions token, healthchecks).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkResult {
+    pub status: ReportedStatus,
+    pub message: String,
+}
+
+/// `…/fail` (sessions token): a permanent, immutable-input error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailWork {
+    pub error: FailReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailReason {
+    pub message: String,
+}
