@@ -7,9 +7,10 @@ use crate::error::{ApiError, ApiResult};
 use crate::ids;
 use crate::lease::TokenUse;
 use crate::store::keys::{self, KeyRow};
+use crate::store::sessions::{self, SessionRow};
 use crate::store::work::{self, WorkRow};
 use axum::http::HeaderMap;
-use mango_protocol::time;
+use mango_protocol::{time, ErrorCode};
 use sqlx::PgConnection;
 
 pub enum Principal {
@@ -246,5 +247,87 @@ pub fn recent_claim(ctx: &ApiContext, headers: &HeaderMap) -> Option<WorkRow> {
 pub fn remember_claim(ctx: &ApiContext, headers: &HeaderMap, row: &WorkRow) {
     if let Ok(secret) = presented(headers) {
         ctx.remember_claim(ids::sha256(&secret), row.clone());
+    }
+}
+
+/// Who may touch a Session, and as what.
+pub enum SessionAccess {
+    /// A Workspace key of the Session's workspace.
+    Operator { key_id: String },
+    /// The sessions token of this Session's Work; `digest` names the claim.
+    Worker { digest: Vec<u8> },
+}
+
+fn session_not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("session {id} not found")).code(ErrorCode::SessionNotFound)
+}
+
+/// Resolves the caller against Session `id`: a Workspace key of its
+/// workspace, or a live sessions token whose Work serves this Session;
+/// Environment keys are refused.
+pub async fn session_access(
+    ctx: &ApiContext,
+    conn: &mut PgConnection,
+    headers: &HeaderMap,
+    id: &str,
+    what: &str,
+) -> ApiResult<(SessionRow, SessionAccess)> {
+    match authenticate(ctx, conn, headers).await? {
+        Principal::Workspace(key) => {
+            let session = sessions::find(&mut *conn, Some(&key.workspace_id), id)
+                .await?
+                .ok_or_else(|| session_not_found(id))?;
+            Ok((session, SessionAccess::Operator { key_id: key.id }))
+        }
+        Principal::Token(row) => {
+            worker_may_use(&row, id, what)?;
+            let session = sessions::find(&mut *conn, None, id)
+                .await?
+                .ok_or_else(|| session_not_found(id))?;
+            let digest = row.token_sha256.clone().unwrap_or_default();
+            Ok((session, SessionAccess::Worker { digest }))
+        }
+        Principal::Environment(_) => Err(ApiError::forbidden(format!(
+            "{what} is not permitted with an Environment key"
+        ))),
+    }
+}
+
+/// A sessions token may use its own Session while its lease lives.
+pub fn worker_may_use(work: &WorkRow, session_id: &str, what: &str) -> ApiResult<()> {
+    let now = time::now();
+    work.lease()
+        .reconcile(now)
+        .admits_token(TokenUse::Session, now)
+        .map_err(|r| ApiError::unauthenticated(r.message()))?;
+    if work.session_id.as_deref() != Some(session_id) {
+        return Err(ApiError::forbidden(format!(
+            "{what}: this sessions token belongs to another Session"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether an open stream may go on: the Workspace key is not revoked, or
+/// the sessions token's claim still admits it. A database hiccup is not
+/// proof of invalidation; the next check decides.
+pub async fn still_valid(ctx: &ApiContext, access: &SessionAccess, session_id: &str) -> bool {
+    match access {
+        SessionAccess::Operator { key_id } => keys::is_live(&ctx.db, key_id).await.unwrap_or(true),
+        SessionAccess::Worker { digest } => {
+            let now = time::now();
+            match work::find_by_token(&ctx.db, digest).await {
+                Ok(Some(row)) => {
+                    row.session_id.as_deref() == Some(session_id)
+                        && row
+                            .lease()
+                            .reconcile(now)
+                            .admits_token(TokenUse::Session, now)
+                            .is_ok()
+                }
+                Ok(None) => false,
+                Err(_) => true,
+            }
+        }
     }
 }

@@ -24,6 +24,9 @@ pub struct Settings {
     pub model_api_key: Option<Secret>,
     /// First back-off after an overloaded or failed model call (doubles per retry).
     pub model_retry_backoff: std::time::Duration,
+    /// A Work item reclaimed more often than this is failed instead of
+    /// handed out again (spec §3; `MANGO_MAX_RECLAIMS`).
+    pub max_reclaims: u32,
 }
 
 /// A value that never appears in Debug output or logs.
@@ -46,6 +49,7 @@ impl Default for Settings {
             model_base_url: None,
             model_api_key: None,
             model_retry_backoff: std::time::Duration::from_secs(1),
+            max_reclaims: 10,
         }
     }
 }
@@ -59,8 +63,6 @@ type ClaimLookups = HashMap<Vec<u8>, (WorkRow, Instant)>;
 #[derive(Clone)]
 pub struct ApiContext {
     pub db: PgPool,
-    /// Connections for the hot paths that skip the pool's release ping.
-    pub reused: Arc<crate::db::ReusedConnections>,
     pub settings: Arc<Settings>,
     pub wake: Arc<WakeHub>,
     pub events: Arc<crate::feed::SessionFeeds>,
@@ -89,7 +91,6 @@ impl ApiContext {
             process: crate::db::api_process(&db).map(Arc::from),
             listening: Arc::new(tokio::sync::watch::channel(false).0),
             db,
-            reused: Arc::default(),
             settings: Arc::new(settings),
             wake: Arc::default(),
             metrics: Arc::default(),
@@ -114,7 +115,7 @@ impl ApiContext {
     pub fn committed(
         &self,
         session_id: &str,
-        events: &[crate::store::sessions::LoggedEvent],
+        events: &[crate::store::events::LoggedEvent],
         outbox: bool,
     ) {
         self.events.publish(session_id, events);
@@ -183,8 +184,7 @@ impl ApiContext {
         tokio::spawn(async move {
             let (env, worker) = key;
             if let Err(err) =
-                crate::store::work::record_worker(&db, &env, &worker, mango_protocol::time::now())
-                    .await
+                crate::store::workers::record(&db, &env, &worker, mango_protocol::time::now()).await
             {
                 tracing::debug!(error = %err, "could not record worker sighting");
             }

@@ -95,10 +95,30 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(err: sqlx::Error) -> Self {
+        let sqlstate = match &err {
+            sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+            _ => None,
+        };
         match &err {
             sqlx::Error::PoolTimedOut => {
                 tracing::warn!("database pool exhausted");
                 ApiError::unavailable("the database is busy; retry shortly")
+            }
+            // Class 22, data exception: a value the request carried that
+            // PostgreSQL cannot hold (out of range, invalid text). The
+            // statement failed, so nothing changed.
+            _ if sqlstate.as_deref().is_some_and(|s| s.starts_with("22")) => {
+                tracing::debug!(error = %err, request_id = current_request_id(), "request data refused by the database");
+                ApiError::invalid_parameter(
+                    "a value in the request cannot be stored (out of range or invalid); nothing changed",
+                )
+            }
+            // A row the request refers to went away meanwhile.
+            _ if sqlstate.as_deref() == Some("23503") => {
+                tracing::debug!(error = %err, request_id = current_request_id(), "foreign key violation");
+                ApiError::conflict(
+                    "something this request refers to was deleted or is still in use; nothing changed",
+                )
             }
             _ => {
                 // The message may carry SQL details; keep it in the log, not the response.

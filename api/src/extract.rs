@@ -2,19 +2,33 @@
 //! and JSON bodies are checked field by field, unknown fields are refused.
 
 use crate::error::{ApiError, ApiResult};
+use crate::store::cursor;
+use mango_protocol::strict::{self, FieldError};
+use mango_protocol::time::Timestamp;
 use mango_protocol::{ErrorCode, ErrorType};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// Query parameters, in order, repeated keys kept (for `types[]=a&types[]=b`).
 pub struct Params(Vec<(String, String)>);
 
 impl Params {
-    pub fn parse(raw: Option<&str>) -> Params {
-        Params(
-            form_urlencoded::parse(raw.unwrap_or("").as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect(),
-        )
+    /// Refuses a NUL character in any name or value.
+    pub fn parse(raw: Option<&str>) -> ApiResult<Params> {
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if let Some((k, _)) = pairs
+            .iter()
+            .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            return Err(ApiError::invalid_parameter(format!(
+                "query parameter {:?} must not contain the NUL character (U+0000)",
+                k.replace('\0', "\\0")
+            )));
+        }
+        Ok(Params(pairs))
     }
 
     pub fn str(&self, name: &str) -> Option<&str> {
@@ -61,6 +75,26 @@ impl Params {
         }
     }
 
+    /// A page cursor this API issued; empty counts as absent.
+    pub fn cursor(&self, name: &str) -> ApiResult<Option<(Timestamp, String)>> {
+        match self.str(name) {
+            None | Some("") => Ok(None),
+            Some(page) => cursor::decode(page).map(Some),
+        }
+    }
+
+    /// `order=asc|desc`; absent is `ascending_by_default`.
+    pub fn order(&self, ascending_by_default: bool) -> ApiResult<bool> {
+        match self.str("order") {
+            None => Ok(ascending_by_default),
+            Some("asc") => Ok(true),
+            Some("desc") => Ok(false),
+            Some(other) => Err(ApiError::invalid_parameter(format!(
+                "order must be asc or desc, got {other:?}"
+            ))),
+        }
+    }
+
     pub fn bool(&self, name: &str) -> ApiResult<Option<bool>> {
         match self.str(name) {
             None => Ok(None),
@@ -73,105 +107,115 @@ impl Params {
     }
 }
 
-/// A JSON object body whose fields are read one by one.
-pub struct Body(pub Map<String, Value>);
-
-impl Body {
-    /// Parses a required JSON object, refusing fields outside `allowed`.
-    pub fn parse(bytes: &[u8], allowed: &[&str]) -> ApiResult<Body> {
-        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-            return Err(
-                ApiError::bad_request("request body is required: send a JSON object")
-                    .code(ErrorCode::InvalidJson),
-            );
-        }
-        Self::object(bytes, allowed)
+/// A required typed body, parsed strictly: a JSON object with exactly the
+/// fields of `T` (unknown fields and wrong types refused with their path),
+/// and no NUL character in any string. Handlers call it after they have
+/// authenticated the caller, so a stranger learns nothing from a 400.
+pub fn body<T: DeserializeOwned + Serialize>(bytes: &[u8]) -> ApiResult<T> {
+    if is_blank(bytes) {
+        return Err(
+            ApiError::bad_request("request body is required: send a JSON object")
+                .code(ErrorCode::InvalidJson),
+        );
     }
+    typed(object(bytes)?)
+}
 
-    /// An optional body: empty means `{}` (SDK body-less POSTs send Content-Length: 0).
-    pub fn parse_optional(bytes: &[u8], allowed: &[&str]) -> ApiResult<Body> {
-        if bytes.iter().all(|b| b.is_ascii_whitespace()) {
-            return Ok(Body(Map::new()));
-        }
-        Self::object(bytes, allowed)
+/// [`body`] where an empty body means `{}` (SDK body-less POSTs send
+/// `Content-Length: 0`).
+pub fn optional_body<T: DeserializeOwned + Serialize>(bytes: &[u8]) -> ApiResult<T> {
+    if is_blank(bytes) {
+        return typed(Value::Object(Map::new()));
     }
+    typed(object(bytes)?)
+}
 
-    fn object(bytes: &[u8], allowed: &[&str]) -> ApiResult<Body> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-            ApiError::bad_request(format!("request body is not valid JSON: {e}"))
-                .code(ErrorCode::InvalidJson)
-        })?;
-        let Value::Object(map) = value else {
-            return Err(ApiError::bad_request("request body must be a JSON object")
-                .code(ErrorCode::InvalidJson));
-        };
-        if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(ApiError::invalid_parameter(format!(
-                "unknown field {unknown:?}; expected one of: {}",
-                allowed.join(", ")
-            )));
-        }
-        Ok(Body(map))
+fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| b.is_ascii_whitespace())
+}
+
+fn object(bytes: &[u8]) -> ApiResult<Value> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(format!("request body is not valid JSON: {e}"))
+            .code(ErrorCode::InvalidJson)
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("request body must be a JSON object")
+            .code(ErrorCode::InvalidJson));
     }
+    no_nul(&value, "")?;
+    Ok(value)
+}
 
-    pub fn has(&self, name: &str) -> bool {
-        self.0.contains_key(name)
+/// [`body`] whose shape errors get the code `code_of` picks.
+pub fn body_coded<T: DeserializeOwned + Serialize>(
+    bytes: &[u8],
+    code_of: fn(&FieldError) -> ErrorCode,
+) -> ApiResult<T> {
+    body::<Value>(bytes).and_then(|v| typed_coded(v, code_of))
+}
+
+/// [`optional_body`] whose shape errors get the code `code_of` picks.
+pub fn optional_body_coded<T: DeserializeOwned + Serialize>(
+    bytes: &[u8],
+    code_of: fn(&FieldError) -> ErrorCode,
+) -> ApiResult<T> {
+    optional_body::<Value>(bytes).and_then(|v| typed_coded(v, code_of))
+}
+
+/// Parses a checked JSON value as `T`; a wrong field is a 400 naming it
+/// (`invalid_metadata` for anything under `metadata`).
+pub fn typed<T: DeserializeOwned + Serialize>(value: Value) -> ApiResult<T> {
+    typed_coded(value, default_code)
+}
+
+fn typed_coded<T: DeserializeOwned + Serialize>(
+    value: Value,
+    code_of: fn(&FieldError) -> ErrorCode,
+) -> ApiResult<T> {
+    strict::from_value(value).map_err(|err| {
+        let code = code_of(&err);
+        ApiError::bad_request(err.to_string()).code(code)
+    })
+}
+
+fn default_code(err: &FieldError) -> ErrorCode {
+    if err.path == "metadata" || err.path.starts_with("metadata.") {
+        ErrorCode::InvalidMetadata
+    } else {
+        ErrorCode::InvalidParameter
     }
+}
 
-    pub fn get(&self, name: &str) -> Option<&Value> {
-        self.0.get(name)
-    }
+/// A [`FieldError`] as the API answers it.
+pub fn field_error(err: FieldError) -> ApiError {
+    let code = default_code(&err);
+    ApiError::bad_request(err.to_string()).code(code)
+}
 
-    pub fn required(&self, name: &str) -> ApiResult<&Value> {
-        match self.0.get(name) {
-            None | Some(Value::Null) => {
-                Err(ApiError::invalid_parameter(format!("{name} is required")))
+/// PostgreSQL text cannot hold U+0000, so no string or key may carry one;
+/// refused with its path, before anything reaches the store.
+pub fn no_nul(value: &Value, path: &str) -> ApiResult<()> {
+    let refuse = |at: &str| {
+        let at = if at.is_empty() { "the body" } else { at };
+        Err(ApiError::invalid_parameter(format!(
+            "{at}: strings must not contain the NUL character (U+0000)"
+        )))
+    };
+    match value {
+        Value::String(s) if s.contains('\0') => refuse(path),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| no_nul(v, &format!("{path}[{i}]"))),
+        Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+            let here = strict::join(path, k);
+            if k.contains('\0') {
+                return refuse(&here);
             }
-            Some(v) => Ok(v),
-        }
-    }
-
-    pub fn required_str(&self, name: &str) -> ApiResult<&str> {
-        self.required(name)?
-            .as_str()
-            .ok_or_else(|| ApiError::invalid_parameter(format!("{name} must be a string")))
-    }
-
-    /// Absent → `None`; null → `Some(None)`; string → `Some(Some(s))`.
-    pub fn nullable_str(&self, name: &str) -> ApiResult<Option<Option<&str>>> {
-        match self.0.get(name) {
-            None => Ok(None),
-            Some(Value::Null) => Ok(Some(None)),
-            Some(Value::String(s)) => Ok(Some(Some(s))),
-            Some(_) => Err(ApiError::invalid_parameter(format!(
-                "{name} must be a string or null"
-            ))),
-        }
-    }
-
-    pub fn optional_bool(&self, name: &str) -> ApiResult<Option<bool>> {
-        match self.0.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(ApiError::invalid_parameter(format!(
-                "{name} must be a boolean"
-            ))),
-        }
-    }
-
-    pub fn optional_int(&self, name: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
-        match self.0.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => match n.as_i64() {
-                Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
-                _ => Err(ApiError::invalid_parameter(format!(
-                    "{name} must be an integer from {min} through {max}"
-                ))),
-            },
-            Some(_) => Err(ApiError::invalid_parameter(format!(
-                "{name} must be an integer"
-            ))),
-        }
+            no_nul(v, &here)
+        }),
+        _ => Ok(()),
     }
 }
 

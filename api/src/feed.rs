@@ -15,7 +15,7 @@
 //! NOTIFY, a publication out of order or a slow reader therefore costs
 //! latency, never an event.
 
-use crate::store::sessions::{self, LoggedEvent};
+use crate::store::events::{self, LoggedEvent};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -175,7 +175,7 @@ impl SessionFeeds {
     /// publications did not, until the last stream has gone.
     async fn read(self: Arc<Self>, id: String, feed: Arc<Feed>) {
         let start = loop {
-            match sessions::last_seq(&self.db, &id).await {
+            match events::last_seq(&self.db, &id).await {
                 Ok(seq) => break seq.unwrap_or(0),
                 Err(err) => {
                     tracing::warn!(error = %err, session_id = %id, "event feed cannot start");
@@ -205,7 +205,7 @@ impl SessionFeeds {
             }
             loop {
                 let from = feed.delivered.lock().expect("feed lock").unwrap_or(start);
-                match sessions::events_after(&self.db, &id, from, BATCH).await {
+                match events::after(&self.db, &id, from, BATCH).await {
                     Ok(rows) => {
                         let full = rows.len() as i64 == BATCH;
                         feed.deliver(rows.into_iter().map(LoggedEvent::from), self.observed(&id));

@@ -7,7 +7,7 @@
 
 use chrono::Duration;
 use mango_protocol::time::Timestamp;
-use mango_protocol::{CheckResult, CheckStatus, WorkState};
+use mango_protocol::{CheckResult, CheckStatus, WorkState, WorkType};
 
 /// How long after a Result commits its token may still repeat that Result.
 pub const RESULT_RETRY_WINDOW: Duration = Duration::seconds(30);
@@ -18,16 +18,10 @@ pub const MAX_TTL_SECONDS: i64 = 300;
 pub const TIMED_OUT_MESSAGE: &str = "Healthcheck did not finish before its deadline";
 pub const CANCELLED_MESSAGE: &str = "Healthcheck was stopped before it finished";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Session,
-    Healthcheck,
-}
-
 /// The lease-relevant part of a Work row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lease {
-    pub kind: Kind,
+    pub kind: WorkType,
     pub state: WorkState,
     pub claim_epoch: i64,
     /// When the pending (not yet acknowledged) claim was made.
@@ -50,7 +44,7 @@ pub struct Lease {
 
 impl Lease {
     /// A new item as Create or Session admission inserts it.
-    pub fn new(kind: Kind, created_at: Timestamp, default_ttl: i64) -> Self {
+    pub fn new(kind: WorkType, created_at: Timestamp, default_ttl: i64) -> Self {
         Lease {
             kind,
             state: WorkState::Queued,
@@ -65,8 +59,8 @@ impl Lease {
             stop_requested_at: None,
             stopped_at: None,
             expires_at: match kind {
-                Kind::Healthcheck => Some(created_at + HEALTHCHECK_DEADLINE),
-                Kind::Session => None,
+                WorkType::Healthcheck => Some(created_at + HEALTHCHECK_DEADLINE),
+                WorkType::Session => None,
             },
             result: None,
             result_committed_at: None,
@@ -86,7 +80,10 @@ impl Lease {
     /// Every read applies this, so no reader depends on the sweeper.
     pub fn reconcile(&self, now: Timestamp) -> Lease {
         let mut next = self.clone();
-        if next.state != WorkState::Stopped && next.kind == Kind::Healthcheck && next.overdue(now) {
+        if next.state != WorkState::Stopped
+            && next.kind == WorkType::Healthcheck
+            && next.overdue(now)
+        {
             let deadline = next.expires_at.expect("overdue implies a deadline");
             if next.state == WorkState::Stopping {
                 // Stop was asked for before the deadline: the check was cancelled.
@@ -108,7 +105,7 @@ impl Lease {
         self.stopped_at = Some(at);
         self.lease_expires_at = None;
         self.claimed_at = None;
-        if self.kind == Kind::Healthcheck && self.result.is_none() {
+        if self.kind == WorkType::Healthcheck && self.result.is_none() {
             let status = status.unwrap_or(CheckStatus::Cancelled);
             let message = match status {
                 CheckStatus::TimedOut => TIMED_OUT_MESSAGE,
@@ -264,7 +261,7 @@ impl Lease {
         result: &CheckResult,
         now: Timestamp,
     ) -> Result<(Lease, Completion), ResultError> {
-        if self.kind != Kind::Healthcheck {
+        if self.kind != WorkType::Healthcheck {
             return Err(ResultError::NotAHealthcheck);
         }
         match self.state {
@@ -292,7 +289,7 @@ impl Lease {
             return Err(StopError::AlreadyStopped);
         }
         let mut next = self.clone();
-        if next.kind == Kind::Healthcheck && next.result.is_none() {
+        if next.kind == WorkType::Healthcheck && next.result.is_none() {
             next.result = Some(CheckResult {
                 status: CheckStatus::Failed,
                 message: message.to_string(),

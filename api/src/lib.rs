@@ -1,6 +1,10 @@
-//! Mango control plane: Environments, Work leases and credentials on PostgreSQL.
+//! Mango control plane: Environments, Work leases, credentials, Agents and
+//! Sessions on PostgreSQL. The layers, top down (see `docs/architecture.md`):
+//! `routes` (HTTP) → `service` (transactions) → `store` (SQL), with the pure
+//! rules (`lease`, `session_rules`, `turn`, `agent_definition`, `metadata`)
+//! beside them and the background tasks (`listener`, `agent_loop`, the
+//! sweeper in `server`) calling `service` too.
 
-pub mod admission;
 pub mod agent_definition;
 pub mod agent_loop;
 pub mod auth;
@@ -10,13 +14,16 @@ pub mod error;
 pub mod event_shapes;
 pub mod extract;
 pub mod feed;
-pub mod fixtures;
 pub mod ids;
 pub mod lease;
+pub mod listener;
 pub mod metadata;
 pub mod metrics;
+pub mod model;
 pub mod routes;
 pub mod server;
+pub mod service;
+pub mod session_rules;
 pub mod store;
 pub mod turn;
 pub mod wake;
@@ -25,4 +32,3 @@ pub use context::{ApiContext, Settings};
 
 /// The embedded migrations in `migrations/`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
-pub mod session_rules;

@@ -47,6 +47,10 @@ enum Command {
         /// Lease TTL when a heartbeat asks for none (1..=300).
         #[arg(long, env = "MANGO_DEFAULT_TTL_SECONDS", default_value_t = 120, value_parser = clap::value_parser!(i64).range(1..=300))]
         default_ttl_seconds: i64,
+        /// A Work item reclaimed more often than this is failed, its Session
+        /// terminated with the reason (0..=1000).
+        #[arg(long, env = "MANGO_MAX_RECLAIMS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
+        max_reclaims: u32,
     },
     /// Apply pending migrations and exit.
     Migrate {
@@ -107,6 +111,7 @@ const LONG_FLAGS: &[&str] = &[
     "model-api-key",
     "no-migrate",
     "default-ttl-seconds",
+    "max-reclaims",
 ];
 
 fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
@@ -188,6 +193,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen_addr,
             no_migrate,
             default_ttl_seconds,
+            max_reclaims,
             model_base_url,
             model_api_key,
         } => {
@@ -202,6 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(addr = %listener.local_addr()?, "mango api listening");
             let settings = Settings {
                 default_ttl_seconds,
+                max_reclaims,
                 model_base_url,
                 model_api_key: model_api_key.map(mango_api::context::Secret),
                 ..Settings::default()

@@ -40,6 +40,7 @@ counters! {
     results => "mango_work_results_total", "Healthcheck results stored.";
     fails => "mango_work_fails_total", "Work items ended by Fail.";
     swept => "mango_work_swept_total", "Time-driven transitions persisted by the sweeper.";
+    reclaim_limit_failures => "mango_work_reclaim_limit_failures_total", "Work items failed because they were reclaimed more often than the limit.";
     fenced_results => "mango_session_fenced_results_total", "Worker tool results admitted by the one-statement fenced path.";
     locked_admissions => "mango_session_locked_admissions_total", "Event sends admitted under the Session row lock (everything else, and fenced results that found the Session or claim moved on).";
 }

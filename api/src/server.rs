@@ -1,10 +1,9 @@
 //! Running the api: the HTTP server, the wake-up listener and the sweeper.
 
 use crate::context::ApiContext;
-use crate::store::work;
-use crate::{routes, wake};
+use crate::service::work;
+use crate::{listener, routes};
 use axum::serve::ListenerExt;
-use mango_protocol::time;
 use std::future::Future;
 use tokio::net::TcpListener;
 
@@ -37,13 +36,13 @@ pub async fn serve(
 /// loop; all are per process and safe to run on every replica.
 pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = vec![
-        tokio::spawn(wake::listen(ctx.clone())),
+        tokio::spawn(listener::listen(ctx.clone())),
         tokio::spawn(sweep_forever(ctx.clone())),
     ];
     match &ctx.settings.model_base_url {
         Some(base) => {
             let key = ctx.settings.model_api_key.as_ref().map(|k| k.0.clone());
-            let mut endpoint = crate::agent_loop::ModelEndpoint::new(base, key);
+            let mut endpoint = crate::model::ModelEndpoint::new(base, key);
             endpoint.backoff = ctx.settings.model_retry_backoff;
             let model = std::sync::Arc::new(endpoint);
             tracing::info!(model_base_url = %base, "agent loop running");
@@ -59,34 +58,8 @@ async fn sweep_forever(ctx: ApiContext) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(err) = sweep_once(&ctx).await {
+        if let Err(err) = work::reconcile_due(&ctx).await {
             tracing::warn!(error = %err, "sweep failed");
         }
     }
-}
-
-/// Persists time-driven transitions (overdue checks, run-out stopping leases)
-/// that reads already show; a lost compare-and-set means a request did it first.
-pub async fn sweep_once(ctx: &ApiContext) -> sqlx::Result<usize> {
-    let now = time::now();
-    let mut moved = 0;
-    for row in work::due_for_reconcile(&ctx.db, now, 500).await? {
-        let next = row.lease().reconcile(now);
-        if next != row.lease()
-            && work::compare_and_set(&ctx.db, &row, &next, None)
-                .await?
-                .is_some()
-        {
-            moved += 1;
-            crate::metrics::Metrics::count(&ctx.metrics.swept);
-            if next.kind == crate::lease::Kind::Session
-                && next.state == mango_protocol::WorkState::Stopped
-            {
-                // It may have left input for a new activation (an outbox row).
-                ctx.agent_wake.notify_waiters();
-            }
-        }
-    }
-    work::forget_old_workers(&ctx.db, now).await?;
-    Ok(moved)
 }

@@ -3,35 +3,8 @@
 //! status, and the tool-call permission barrier. The store applies these inside
 //! the admission transaction; HTTP maps the errors to status codes.
 
-/// Session status, as the SDK names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Idle,
-    Running,
-    Rescheduling,
-    Terminated,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Idle => "idle",
-            Status::Running => "running",
-            Status::Rescheduling => "rescheduling",
-            Status::Terminated => "terminated",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Status> {
-        [
-            Status::Idle,
-            Status::Running,
-            Status::Rescheduling,
-            Status::Terminated,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
-    }
-}
+use mango_protocol::events::{Confirmation, EventBody, Permission, SentEvent};
+use mango_protocol::sessions::SessionStatus as Status;
 
 /// Who is sending events to a Session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,74 +15,22 @@ pub enum Sender {
     Worker,
 }
 
-/// Event types a client may send (`POST …/events`).
-pub const SENDABLE: &[&str] = &[
-    "user.message",
-    "user.interrupt",
-    "user.tool_confirmation",
-    "user.tool_result",
-    "user.custom_tool_result",
-    "user.define_outcome",
-    "system.message",
-];
-
-/// Every event type the API knows, for `types[]` filters (SDK order).
-pub const KNOWN_TYPES: &[&str] = &[
-    "user.message",
-    "user.interrupt",
-    "user.tool_confirmation",
-    "user.custom_tool_result",
-    "agent.custom_tool_use",
-    "agent.message",
-    "agent.thinking",
-    "agent.mcp_tool_use",
-    "agent.mcp_tool_result",
-    "agent.tool_use",
-    "agent.tool_result",
-    "agent.thread_message_received",
-    "agent.thread_message_sent",
-    "agent.thread_context_compacted",
-    "session.error",
-    "session.status_rescheduled",
-    "session.status_running",
-    "session.status_idle",
-    "session.status_terminated",
-    "session.thread_created",
-    "span.outcome_evaluation_start",
-    "span.outcome_evaluation_end",
-    "span.model_request_start",
-    "span.model_request_end",
-    "span.outcome_evaluation_ongoing",
-    "user.define_outcome",
-    "session.thread_status_running",
-    "session.thread_status_idle",
-    "session.thread_status_terminated",
-    "user.tool_result",
-    "session.thread_status_rescheduled",
-    "session.updated",
-    "system.message",
-    "session.usage",
-    "session.deleted",
-];
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendRefusal {
-    /// Not a type any client may send (e.g. `agent.*`, or unknown).
-    NotSendable(String),
     /// A type this credential may not send (the worker sends only tool results).
-    NotPermitted(String),
+    NotPermitted(&'static str),
     Terminated,
 }
 
-/// May `sender` send an event of `event_type` to a Session in `status`?
-pub fn may_send(sender: Sender, event_type: &str, status: Status) -> Result<(), SendRefusal> {
-    if !SENDABLE.contains(&event_type) {
-        return Err(SendRefusal::NotSendable(event_type.to_string()));
-    }
-    if sender == Sender::Worker
-        && !matches!(event_type, "user.tool_result" | "user.custom_tool_result")
-    {
-        return Err(SendRefusal::NotPermitted(event_type.to_string()));
+/// May `sender` send `event` to a Session in `status`? (Which types any
+/// client may send at all is [`SentEvent`]'s.)
+pub fn may_send(sender: Sender, event: &SentEvent, status: Status) -> Result<(), SendRefusal> {
+    let worker_may = matches!(
+        event,
+        SentEvent::UserToolResult(_) | SentEvent::UserCustomToolResult(_)
+    );
+    if sender == Sender::Worker && !worker_may {
+        return Err(SendRefusal::NotPermitted(event.type_name()));
     }
     if status == Status::Terminated {
         return Err(SendRefusal::Terminated);
@@ -117,29 +38,52 @@ pub fn may_send(sender: Sender, event_type: &str, status: Status) -> Result<(), 
     Ok(())
 }
 
-/// Runnable input wakes the agent loop and needs a worker: it creates Work.
-pub fn is_runnable(event_type: &str) -> bool {
+/// Whether an event is what clients send (`user.*`, `system.message`),
+/// which nothing else may append.
+pub fn is_client_input(event: &EventBody) -> bool {
     matches!(
-        event_type,
-        "user.message"
-            | "user.tool_result"
-            | "user.custom_tool_result"
-            | "user.tool_confirmation"
-            | "user.define_outcome"
+        event,
+        EventBody::UserMessage(_)
+            | EventBody::UserInterrupt(_)
+            | EventBody::UserToolConfirmation(_)
+            | EventBody::UserToolResult(_)
+            | EventBody::UserCustomToolResult(_)
+            | EventBody::UserDefineOutcome(_)
+            | EventBody::SystemMessage(_)
+    )
+}
+
+/// Runnable input wakes the agent loop and needs a worker: it creates Work.
+pub fn is_runnable(event: &EventBody) -> bool {
+    matches!(
+        event,
+        EventBody::UserMessage(_)
+            | EventBody::UserToolResult(_)
+            | EventBody::UserCustomToolResult(_)
+            | EventBody::UserToolConfirmation(_)
+            | EventBody::UserDefineOutcome(_)
     )
 }
 
 /// The Session status after an event is appended (agent-loop status events move it).
-pub fn status_after(current: Status, event_type: &str) -> Status {
+pub fn status_after(current: Status, event: &EventBody) -> Status {
     if current == Status::Terminated {
         return Status::Terminated;
     }
-    match event_type {
-        "session.status_running" => Status::Running,
-        "session.status_idle" => Status::Idle,
-        "session.status_rescheduled" => Status::Rescheduling,
-        "session.status_terminated" | "session.deleted" => Status::Terminated,
+    match event {
+        EventBody::SessionStatusRunning => Status::Running,
+        EventBody::SessionStatusIdle(_) => Status::Idle,
+        EventBody::SessionStatusRescheduled => Status::Rescheduling,
+        EventBody::SessionStatusTerminated | EventBody::SessionDeleted => Status::Terminated,
         _ => current,
+    }
+}
+
+/// A confirmation as `session_tool_calls.confirmation` stores it.
+pub fn confirmation_str(result: Confirmation) -> &'static str {
+    match result {
+        Confirmation::Allow => Permission::Allow.as_str(),
+        Confirmation::Deny => Permission::Deny.as_str(),
     }
 }
 
@@ -158,37 +102,6 @@ impl CallKind {
             CallKind::Tool => "tool",
             CallKind::Custom => "custom",
         }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Permission {
-    Allow,
-    Ask,
-    Deny,
-}
-
-impl Permission {
-    /// `evaluated_permission` of an `agent.tool_use`; absent means allow, and
-    /// any value the runner does not know is treated as ask (SDK behaviour).
-    pub fn from_event(value: Option<&str>) -> Permission {
-        match value {
-            None | Some("allow") => Permission::Allow,
-            Some("deny") => Permission::Deny,
-            Some(_) => Permission::Ask,
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Permission::Allow => "allow",
-            Permission::Ask => "ask",
-            Permission::Deny => "deny",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Permission> {
-        [Permission::Allow, Permission::Ask, Permission::Deny]
-            .into_iter()
-            .find(|p| p.as_str() == s)
     }
 }
 
@@ -264,17 +177,6 @@ pub fn admit_result(
     Ok(ResultDecision::Accept)
 }
 
-/// [`may_send`] for a worker's result and [`admit_result`] = `Accept`,
-/// restated in SQL over a Session row `s` and its call row `c` for the
-/// one-statement result path (`$3`: the result's call kind, `tool` or
-/// `custom`). The schema constrains every column it reads, and
-/// `tests/admission.rs` checks it against these rules for every combination
-/// of values the schema allows; where it says no, the locking path decides.
-pub const WORKER_RESULT_ACCEPTED_SQL: &str = "s.status <> 'terminated' AND s.archived_at IS NULL
-      AND c.kind = $3 AND c.answered_by IS NULL
-      AND c.permission <> 'deny' AND c.confirmation IS DISTINCT FROM 'deny'
-      AND (c.permission = 'allow' OR c.confirmation = 'allow')";
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfirmationDecision {
     Accept,
@@ -294,14 +196,15 @@ pub enum ConfirmationRefusal {
 
 pub fn admit_confirmation(
     call: Option<&ToolCall>,
-    answer: Permission,
+    answer: Confirmation,
 ) -> Result<ConfirmationDecision, ConfirmationRefusal> {
     let call = call.ok_or(ConfirmationRefusal::UnknownCall)?;
     if call.kind != CallKind::Tool || call.permission != Permission::Ask {
         return Err(ConfirmationRefusal::NotAsked);
     }
+    let answer = Permission::parse(confirmation_str(answer));
     match call.confirmation {
-        Some(previous) if previous == answer => Ok(ConfirmationDecision::Duplicate),
+        Some(previous) if Some(previous) == answer => Ok(ConfirmationDecision::Duplicate),
         Some(_) => Err(ConfirmationRefusal::AlreadyConfirmed),
         None if call.answered_by.is_some() => Err(ConfirmationRefusal::AlreadyAnswered),
         None => Ok(ConfirmationDecision::Accept),
@@ -321,68 +224,76 @@ mod tests {
         }
     }
 
+    fn sent(v: serde_json::Value) -> SentEvent {
+        SentEvent::parse(v).unwrap()
+    }
+
+    fn body(v: serde_json::Value) -> EventBody {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn every_sendable_event() -> Vec<SentEvent> {
+        use serde_json::json;
+        vec![
+            sent(json!({"type": "user.message", "content": [{"type": "text", "text": "hi"}]})),
+            sent(json!({"type": "user.interrupt"})),
+            sent(json!({"type": "user.tool_confirmation", "tool_use_id": "a", "result": "allow"})),
+            sent(json!({"type": "user.tool_result", "tool_use_id": "a"})),
+            sent(json!({"type": "user.custom_tool_result", "custom_tool_use_id": "a"})),
+            sent(
+                json!({"type": "user.define_outcome", "description": "d", "rubric": {"type": "text", "content": "c"}}),
+            ),
+            sent(json!({"type": "system.message", "content": [{"type": "text", "text": "s"}]})),
+        ]
+    }
+
     #[test]
-    fn worker_sends_only_tool_results_and_nobody_sends_agent_events() {
-        for t in SENDABLE {
-            let worker = may_send(Sender::Worker, t, Status::Running);
+    fn worker_sends_only_tool_results() {
+        let all = every_sendable_event();
+        assert_eq!(all.len(), SentEvent::TYPES.len());
+        for e in &all {
+            let t = e.type_name();
+            let worker = may_send(Sender::Worker, e, Status::Running);
             assert_eq!(worker.is_ok(), t.ends_with("tool_result"), "{t}");
-            assert!(may_send(Sender::Operator, t, Status::Idle).is_ok(), "{t}");
-        }
-        for t in [
-            "agent.message",
-            "agent.tool_use",
-            "session.status_idle",
-            "user.bogus",
-            "",
-        ] {
-            assert_eq!(
-                may_send(Sender::Operator, t, Status::Idle),
-                Err(SendRefusal::NotSendable(t.into()))
-            );
+            assert!(may_send(Sender::Operator, e, Status::Idle).is_ok(), "{t}");
         }
         assert_eq!(
-            may_send(Sender::Operator, "user.message", Status::Terminated),
+            may_send(Sender::Operator, &all[0], Status::Terminated),
             Err(SendRefusal::Terminated)
         );
     }
 
     #[test]
     fn runnable_input_and_status_projection() {
-        assert!(
-            is_runnable("user.message")
-                && is_runnable("user.tool_result")
-                && is_runnable("user.tool_confirmation")
-        );
-        assert!(
-            !is_runnable("user.interrupt")
-                && !is_runnable("system.message")
-                && !is_runnable("agent.message")
-        );
+        use serde_json::json;
+        let runnable: Vec<bool> = every_sendable_event()
+            .into_iter()
+            .map(|e| is_runnable(&e.into()))
+            .collect();
+        // message, interrupt, confirmation, result, custom result, outcome, system
+        assert_eq!(runnable, [true, false, true, true, true, true, false]);
+        assert!(!is_runnable(&body(
+            json!({"type": "agent.message", "content": []})
+        )));
+        let running = body(json!({"type": "session.status_running"}));
+        let idle =
+            body(json!({"type": "session.status_idle", "stop_reason": {"type": "end_turn"}}));
+        let rescheduled = body(json!({"type": "session.status_rescheduled"}));
+        let terminated = body(json!({"type": "session.status_terminated"}));
+        let message = body(json!({"type": "agent.message", "content": []}));
+        assert_eq!(status_after(Status::Idle, &running), Status::Running);
+        assert_eq!(status_after(Status::Running, &idle), Status::Idle);
         assert_eq!(
-            status_after(Status::Idle, "session.status_running"),
-            Status::Running
-        );
-        assert_eq!(
-            status_after(Status::Running, "session.status_idle"),
-            Status::Idle
-        );
-        assert_eq!(
-            status_after(Status::Running, "session.status_rescheduled"),
+            status_after(Status::Running, &rescheduled),
             Status::Rescheduling
         );
+        assert_eq!(status_after(Status::Idle, &terminated), Status::Terminated);
         assert_eq!(
-            status_after(Status::Idle, "session.status_terminated"),
-            Status::Terminated
-        );
-        assert_eq!(
-            status_after(Status::Terminated, "session.status_running"),
+            status_after(Status::Terminated, &running),
             Status::Terminated,
             "terminal"
         );
-        assert_eq!(
-            status_after(Status::Running, "agent.message"),
-            Status::Running
-        );
+        assert_eq!(status_after(Status::Running, &message), Status::Running);
     }
 
     #[test]
@@ -412,7 +323,7 @@ mod tests {
             Err(ResultRefusal::AwaitingConfirmation)
         );
         assert_eq!(
-            admit_confirmation(Some(&c), Allow),
+            admit_confirmation(Some(&c), Confirmation::Allow),
             Ok(ConfirmationDecision::Accept)
         );
         c.confirmation = Some(Allow);
@@ -421,11 +332,11 @@ mod tests {
             "an approval alone does not clear the barrier"
         );
         assert_eq!(
-            admit_confirmation(Some(&c), Allow),
+            admit_confirmation(Some(&c), Confirmation::Allow),
             Ok(ConfirmationDecision::Duplicate)
         );
         assert_eq!(
-            admit_confirmation(Some(&c), Deny),
+            admit_confirmation(Some(&c), Confirmation::Deny),
             Err(ConfirmationRefusal::AlreadyConfirmed)
         );
         assert_eq!(
@@ -450,7 +361,7 @@ mod tests {
             Err(ResultRefusal::Denied)
         );
         assert_eq!(
-            admit_confirmation(Some(&c), Allow),
+            admit_confirmation(Some(&c), Confirmation::Allow),
             Err(ConfirmationRefusal::NotAsked)
         );
     }
@@ -471,30 +382,18 @@ mod tests {
             Ok(ResultDecision::Accept)
         );
         assert_eq!(
-            admit_confirmation(Some(&custom), Permission::Allow),
+            admit_confirmation(Some(&custom), Confirmation::Allow),
             Err(ConfirmationRefusal::NotAsked)
         );
         assert_eq!(
-            admit_confirmation(None, Permission::Allow),
+            admit_confirmation(None, Confirmation::Allow),
             Err(ConfirmationRefusal::UnknownCall)
         );
         let mut answered = call(CallKind::Tool, Permission::Ask);
         answered.answered_by = Some("x".into());
         assert_eq!(
-            admit_confirmation(Some(&answered), Permission::Allow),
+            admit_confirmation(Some(&answered), Confirmation::Allow),
             Err(ConfirmationRefusal::AlreadyAnswered)
-        );
-    }
-
-    #[test]
-    fn unknown_evaluated_permission_is_treated_as_ask() {
-        assert_eq!(Permission::from_event(None), Permission::Allow);
-        assert_eq!(Permission::from_event(Some("allow")), Permission::Allow);
-        assert_eq!(Permission::from_event(Some("deny")), Permission::Deny);
-        assert_eq!(Permission::from_event(Some("ask")), Permission::Ask);
-        assert_eq!(
-            Permission::from_event(Some("something_new")),
-            Permission::Ask
         );
     }
 }

@@ -37,11 +37,11 @@ pub struct EnvironmentConfig {
     pub kind: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scope {
-    Organization,
-    Account,
+crate::wire_enum! {
+    pub enum Scope {
+        Organization => "organization",
+        Account => "account",
+    }
 }
 
 /// `POST /v1/environments`.

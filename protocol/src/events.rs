@@ -313,6 +313,7 @@ pub enum Evaluation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentToolUse {
     pub name: String,
+    #[serde(default)]
     pub input: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evaluated_permission: Option<Permission>,
@@ -335,6 +336,7 @@ impl AgentToolUse {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentCustomToolUse {
     pub name: String,
+    #[serde(default)]
     pub input: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_thread_id: Option<String>,

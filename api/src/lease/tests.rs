@@ -15,7 +15,7 @@ fn ms(n: i64) -> Duration {
 
 /// One item of `kind` walked through the real transitions into `state`,
 /// created at t0, claimed at +1 s, acked at +2 s, first beat at +3 s.
-fn lease_in(kind: Kind, state: WorkState) -> Lease {
+fn lease_in(kind: WorkType, state: WorkState) -> Lease {
     let fresh = Lease::new(kind, t0(), TTL);
     if state == WorkState::Queued {
         return fresh;
@@ -33,7 +33,7 @@ fn lease_in(kind: Kind, state: WorkState) -> Lease {
     }
 }
 
-fn pending(kind: Kind) -> Lease {
+fn pending(kind: WorkType) -> Lease {
     Lease::new(kind, t0(), TTL).claim(at(1))
 }
 
@@ -47,7 +47,7 @@ fn overdue_healthcheck_times_out_from_every_live_state_at_its_deadline() {
         WorkState::Active,
         WorkState::Stopping,
     ] {
-        let lease = lease_in(Kind::Healthcheck, state);
+        let lease = lease_in(WorkType::Healthcheck, state);
         let deadline = lease.expires_at.unwrap();
         assert_eq!(deadline, at(120));
         // One microsecond before the deadline nothing changes (stopping's lease is still live too).
@@ -74,10 +74,10 @@ fn overdue_healthcheck_times_out_from_every_live_state_at_its_deadline() {
 
 #[test]
 fn reconcile_leaves_stopped_and_session_work_alone() {
-    let stopped = lease_in(Kind::Healthcheck, WorkState::Stopped);
+    let stopped = lease_in(WorkType::Healthcheck, WorkState::Stopped);
     assert_eq!(stopped.reconcile(at(10_000)), stopped);
     for state in [WorkState::Queued, WorkState::Starting, WorkState::Active] {
-        let lease = lease_in(Kind::Session, state);
+        let lease = lease_in(WorkType::Session, state);
         assert_eq!(lease.expires_at, None);
         assert_eq!(lease.reconcile(at(10_000)), lease, "{state:?}");
     }
@@ -85,7 +85,7 @@ fn reconcile_leaves_stopped_and_session_work_alone() {
 
 #[test]
 fn stopping_becomes_stopped_when_its_unrenewed_lease_runs_out() {
-    let stopping = lease_in(Kind::Session, WorkState::Stopping);
+    let stopping = lease_in(WorkType::Session, WorkState::Stopping);
     let expiry = stopping.lease_expires_at.unwrap();
     assert_eq!(
         stopping.reconcile(expiry - Duration::microseconds(1)),
@@ -100,7 +100,7 @@ fn stopping_becomes_stopped_when_its_unrenewed_lease_runs_out() {
 #[test]
 fn stopping_healthcheck_that_runs_out_is_cancelled() {
     // Short lease so it runs out before the healthcheck deadline.
-    let active = lease_in(Kind::Healthcheck, WorkState::Starting)
+    let active = lease_in(WorkType::Healthcheck, WorkState::Starting)
         .heartbeat(None, Some(5), at(3), TTL)
         .unwrap()
         .0;
@@ -115,10 +115,10 @@ fn stopping_healthcheck_that_runs_out_is_cancelled() {
 #[test]
 fn availability_matrix() {
     let reclaim = ms(5000);
-    let fresh = Lease::new(Kind::Session, t0(), TTL);
+    let fresh = Lease::new(WorkType::Session, t0(), TTL);
     assert!(fresh.is_available(t0(), reclaim));
 
-    let p = pending(Kind::Session);
+    let p = pending(WorkType::Session);
     assert!(
         !p.is_available(at(1) + ms(4999), reclaim),
         "pending claim younger than reclaim_older_than_ms"
@@ -132,25 +132,25 @@ fn availability_matrix() {
         "caller's shorter reclaim_older_than_ms applies"
     );
 
-    let starting = lease_in(Kind::Session, WorkState::Starting);
+    let starting = lease_in(WorkType::Session, WorkState::Starting);
     assert!(!starting.is_available(at(2) + Duration::seconds(TTL) - ms(1), reclaim));
     assert!(
         starting.is_available(at(2) + Duration::seconds(TTL), reclaim),
         "lost before its first beat"
     );
 
-    let active = lease_in(Kind::Session, WorkState::Active);
+    let active = lease_in(WorkType::Session, WorkState::Active);
     assert!(!active.is_available(at(100), reclaim));
     assert!(active.is_available(at(3 + TTL), reclaim), "lost worker");
 
     for state in [WorkState::Stopping, WorkState::Stopped] {
         assert!(
-            !lease_in(Kind::Session, state).is_available(at(100_000), reclaim),
+            !lease_in(WorkType::Session, state).is_available(at(100_000), reclaim),
             "{state:?}"
         );
     }
 
-    let check = Lease::new(Kind::Healthcheck, t0(), TTL);
+    let check = Lease::new(WorkType::Healthcheck, t0(), TTL);
     assert!(check.is_available(at(119), reclaim));
     assert!(
         !check.is_available(at(120), reclaim),
@@ -160,7 +160,7 @@ fn availability_matrix() {
 
 #[test]
 fn claim_bumps_epoch_and_clears_the_old_holders_lease() {
-    let active = lease_in(Kind::Healthcheck, WorkState::Active);
+    let active = lease_in(WorkType::Healthcheck, WorkState::Active);
     let reclaimed = active.claim(at(200));
     assert_eq!(reclaimed.claim_epoch, active.claim_epoch + 1);
     assert_eq!(reclaimed.state, WorkState::Queued);
@@ -180,7 +180,7 @@ fn claim_bumps_epoch_and_clears_the_old_holders_lease() {
 
 #[test]
 fn ack_matrix() {
-    let p = pending(Kind::Session);
+    let p = pending(WorkType::Session);
     let acked = p.ack(at(2), TTL).unwrap();
     assert_eq!(acked.state, WorkState::Starting);
     assert_eq!(acked.acknowledged_at, Some(at(2)));
@@ -188,11 +188,11 @@ fn ack_matrix() {
     assert_eq!(acked.claimed_at, None, "no longer in the queue");
 
     assert_eq!(
-        Lease::new(Kind::Session, t0(), TTL).ack(at(2), TTL),
+        Lease::new(WorkType::Session, t0(), TTL).ack(at(2), TTL),
         Err(AckError::NotClaimed)
     );
     for state in [WorkState::Starting, WorkState::Active, WorkState::Stopping] {
-        let lease = lease_in(Kind::Session, state);
+        let lease = lease_in(WorkType::Session, state);
         assert_eq!(
             lease.ack(at(50), TTL),
             Ok(lease.clone()),
@@ -200,7 +200,7 @@ fn ack_matrix() {
         );
     }
     assert_eq!(
-        lease_in(Kind::Session, WorkState::Stopped).ack(at(50), TTL),
+        lease_in(WorkType::Session, WorkState::Stopped).ack(at(50), TTL),
         Err(AckError::Stopped)
     );
 }
@@ -214,14 +214,14 @@ fn token_admission_matrix() {
 
     for u in uses {
         assert_eq!(
-            pending(Kind::Session).admits_token(u, at(2)),
+            pending(WorkType::Session).admits_token(u, at(2)),
             Err(TokenRejection::NotAcknowledged)
         );
         for state in [WorkState::Starting, WorkState::Active, WorkState::Stopping] {
-            let lease = lease_in(Kind::Healthcheck, state);
+            let lease = lease_in(WorkType::Healthcheck, state);
             assert_eq!(lease.admits_token(u, at(10)), Ok(()), "{state:?} {u:?}");
         }
-        let stopped = lease_in(Kind::Session, WorkState::Stopped);
+        let stopped = lease_in(WorkType::Session, WorkState::Stopped);
         assert_eq!(
             stopped.admits_token(u, at(10)),
             Err(TokenRejection::Stopped),
@@ -230,7 +230,7 @@ fn token_admission_matrix() {
     }
 
     // An expired lease: heartbeat gets through to answer 412; everything else is 401.
-    let active = lease_in(Kind::Session, WorkState::Active);
+    let active = lease_in(WorkType::Session, WorkState::Active);
     let late = active.lease_expires_at.unwrap();
     assert_eq!(active.admits_token(Heartbeat, late), Ok(()));
     for u in [Stop, Fail, Result, Session] {
@@ -244,7 +244,7 @@ fn token_admission_matrix() {
 
 #[test]
 fn result_window_admits_only_a_result_retry_for_thirty_seconds() {
-    let active = lease_in(Kind::Healthcheck, WorkState::Active);
+    let active = lease_in(WorkType::Healthcheck, WorkState::Active);
     let ok = CheckResult {
         status: CheckStatus::Succeeded,
         message: "fine".into(),
@@ -277,7 +277,7 @@ fn result_window_admits_only_a_result_retry_for_thirty_seconds() {
 
 #[test]
 fn first_heartbeat_claims_the_lease_and_later_ones_echo() {
-    let starting = lease_in(Kind::Session, WorkState::Starting);
+    let starting = lease_in(WorkType::Session, WorkState::Starting);
     let (active, beat) = starting.heartbeat(None, None, at(3), TTL).unwrap();
     assert!(beat.extended);
     assert_eq!(active.state, WorkState::Active);
@@ -301,13 +301,13 @@ fn first_heartbeat_claims_the_lease_and_later_ones_echo() {
 
 #[test]
 fn stale_or_wrong_heartbeat_is_a_precondition_failure() {
-    let starting = lease_in(Kind::Session, WorkState::Starting);
+    let starting = lease_in(WorkType::Session, WorkState::Starting);
     assert_eq!(
         starting.heartbeat(Some(at(3)), None, at(3), TTL),
         Err(HeartbeatError::Precondition),
         "the first beat must say NO_HEARTBEAT"
     );
-    let active = lease_in(Kind::Session, WorkState::Active);
+    let active = lease_in(WorkType::Session, WorkState::Active);
     let (second, _) = active.heartbeat(Some(at(3)), None, at(10), TTL).unwrap();
     let (third, _) = second.heartbeat(Some(at(10)), None, at(20), TTL).unwrap();
     assert_eq!(
@@ -329,8 +329,8 @@ fn stale_or_wrong_heartbeat_is_a_precondition_failure() {
 
 #[test]
 fn replayed_heartbeat_is_a_success_and_keeps_the_chain() {
-    let active = lease_in(Kind::Session, WorkState::Active); // latest = +3, previous = NO_HEARTBEAT
-                                                             // The response to the first beat was lost; the client repeats NO_HEARTBEAT.
+    let active = lease_in(WorkType::Session, WorkState::Active); // latest = +3, previous = NO_HEARTBEAT
+                                                                 // The response to the first beat was lost; the client repeats NO_HEARTBEAT.
     let (replayed, beat) = active.heartbeat(None, None, at(5), TTL).unwrap();
     assert!(beat.extended);
     assert_eq!(replayed.latest_heartbeat_at, Some(at(5)));
@@ -348,7 +348,7 @@ fn replayed_heartbeat_is_a_success_and_keeps_the_chain() {
 
 #[test]
 fn heartbeat_after_lease_expiry_fails_even_with_the_right_value() {
-    let active = lease_in(Kind::Session, WorkState::Active);
+    let active = lease_in(WorkType::Session, WorkState::Active);
     let expiry = active.lease_expires_at.unwrap();
     assert!(active
         .heartbeat(Some(at(3)), None, expiry - Duration::microseconds(1), TTL)
@@ -357,7 +357,7 @@ fn heartbeat_after_lease_expiry_fails_even_with_the_right_value() {
         active.heartbeat(Some(at(3)), None, expiry, TTL),
         Err(HeartbeatError::Precondition)
     );
-    let starting = lease_in(Kind::Session, WorkState::Starting);
+    let starting = lease_in(WorkType::Session, WorkState::Starting);
     assert_eq!(
         starting.heartbeat(None, None, starting.lease_expires_at.unwrap(), TTL),
         Err(HeartbeatError::Precondition),
@@ -367,7 +367,7 @@ fn heartbeat_after_lease_expiry_fails_even_with_the_right_value() {
 
 #[test]
 fn heartbeat_while_stopping_is_not_compared_and_does_not_extend() {
-    let stopping = lease_in(Kind::Session, WorkState::Stopping);
+    let stopping = lease_in(WorkType::Session, WorkState::Stopping);
     for expected in [None, Some(at(3)), Some(at(999))] {
         let (same, beat) = stopping.heartbeat(expected, Some(300), at(6), TTL).unwrap();
         assert!(!beat.extended);
@@ -378,18 +378,18 @@ fn heartbeat_while_stopping_is_not_compared_and_does_not_extend() {
 #[test]
 fn heartbeat_on_queued_or_stopped_is_refused() {
     assert_eq!(
-        pending(Kind::Session).heartbeat(None, None, at(2), TTL),
+        pending(WorkType::Session).heartbeat(None, None, at(2), TTL),
         Err(HeartbeatError::Precondition)
     );
     assert_eq!(
-        lease_in(Kind::Session, WorkState::Stopped).heartbeat(None, None, at(9), TTL),
+        lease_in(WorkType::Session, WorkState::Stopped).heartbeat(None, None, at(9), TTL),
         Err(HeartbeatError::Precondition)
     );
 }
 
 #[test]
 fn heartbeat_stamps_strictly_increase_within_one_microsecond() {
-    let active = lease_in(Kind::Session, WorkState::Active);
+    let active = lease_in(WorkType::Session, WorkState::Active);
     let (a, _) = active.heartbeat(Some(at(3)), None, at(3), TTL).unwrap();
     assert!(a.latest_heartbeat_at.unwrap() > at(3));
     assert_eq!(a.previous_heartbeat_at, Some(at(3)));
@@ -399,7 +399,7 @@ fn heartbeat_stamps_strictly_increase_within_one_microsecond() {
 
 #[test]
 fn stop_matrix() {
-    for kind in [Kind::Session, Kind::Healthcheck] {
+    for kind in [WorkType::Session, WorkType::Healthcheck] {
         for force in [false, true] {
             // Never went active: stopped at once either way.
             for state in [WorkState::Queued, WorkState::Starting] {
@@ -411,7 +411,7 @@ fn stop_matrix() {
                 );
                 assert_eq!(stopped.stopped_at, Some(at(50)));
                 assert_eq!(stopped.stop_requested_at, Some(at(50)));
-                if kind == Kind::Healthcheck {
+                if kind == WorkType::Healthcheck {
                     assert_eq!(stopped.result.unwrap().status, CheckStatus::Cancelled);
                 }
             }
@@ -454,7 +454,7 @@ fn result_matrix() {
         status: CheckStatus::Succeeded,
         message: "Sandbox process and workspace check passed".into(),
     };
-    let active = lease_in(Kind::Healthcheck, WorkState::Active);
+    let active = lease_in(WorkType::Healthcheck, WorkState::Active);
     let (done, how) = active.complete(&ok, at(10)).unwrap();
     assert_eq!(how, Completion::Stored);
     assert_eq!(done.state, WorkState::Stopped);
@@ -478,7 +478,7 @@ fn result_matrix() {
         WorkState::Stopped,
     ] {
         assert_eq!(
-            lease_in(Kind::Healthcheck, state).complete(&ok, at(10)),
+            lease_in(WorkType::Healthcheck, state).complete(&ok, at(10)),
             Err(ResultError::NotActive),
             "{state:?}"
         );
@@ -489,7 +489,7 @@ fn result_matrix() {
         "an expired lease may not complete"
     );
     assert_eq!(
-        lease_in(Kind::Session, WorkState::Active).complete(&ok, at(10)),
+        lease_in(WorkType::Session, WorkState::Active).complete(&ok, at(10)),
         Err(ResultError::NotAHealthcheck)
     );
 }
@@ -504,7 +504,7 @@ fn fail_matrix() {
         WorkState::Active,
         WorkState::Stopping,
     ] {
-        let failed = lease_in(Kind::Healthcheck, state)
+        let failed = lease_in(WorkType::Healthcheck, state)
             .fail("bad input", at(20))
             .unwrap();
         assert_eq!(failed.state, WorkState::Stopped, "{state:?}");
@@ -520,14 +520,14 @@ fn fail_matrix() {
                 }
             );
         }
-        let session = lease_in(Kind::Session, state)
+        let session = lease_in(WorkType::Session, state)
             .fail("bad input", at(20))
             .unwrap();
         assert_eq!(session.state, WorkState::Stopped);
         assert_eq!(session.result, None);
     }
     assert_eq!(
-        lease_in(Kind::Session, WorkState::Stopped).fail("x", at(20)),
+        lease_in(WorkType::Session, WorkState::Stopped).fail("x", at(20)),
         Err(StopError::AlreadyStopped)
     );
 }

@@ -1,25 +1,22 @@
 //! `/v1/agents`: the SDK's Managed Agents `agent` surface. Every update writes
 //! a new immutable version; older versions stay readable with `?version=N`.
 
+use crate::agent_definition::{self, shape_error_code};
 use crate::auth::operator;
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{Body, Params, RawBody};
-use crate::store::agents::{self, AgentRow, Definition, Updated};
+use crate::extract::{body_coded, optional_body_coded, Params, RawBody};
+use crate::ids;
+use crate::service::agents::{self as agent_service, Updated};
+use crate::store::agents::{self, AgentRow};
 use crate::store::cursor;
-use crate::{ids, metadata};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use mango_protocol::agents::{Agent, CreateAgent, UpdateAgent};
 use mango_protocol::{time, ErrorCode, Page};
-use serde_json::{json, Value};
-
-use crate::agent_definition::{
-    check_mcp_references, execution_identity, mcp_servers, model, name, no_multiagent, skills,
-    text, tools, CREATE_FIELDS, MAX_DESCRIPTION_CHARS, MAX_SYSTEM_CHARS, UPDATE_FIELDS,
-};
+use serde_json::json;
 
 pub fn router() -> Router<ApiContext> {
     Router::new()
@@ -39,39 +36,19 @@ async fn create(
     State(ctx): State<ApiContext>,
     headers: HeaderMap,
     RawBody(bytes): RawBody,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Agent>> {
     let (mut conn, key) = operator(&ctx, &headers, "Creating an Agent").await?;
-    let body = Body::parse(&bytes, CREATE_FIELDS)?;
-    no_multiagent(&body)?;
-    let def = Definition {
-        name: name(body.required_str("name")?)?,
-        description: text(
-            "description",
-            body.nullable_str("description")?.flatten(),
-            MAX_DESCRIPTION_CHARS,
-        )?,
-        system: text(
-            "system",
-            body.nullable_str("system")?.flatten(),
-            MAX_SYSTEM_CHARS,
-        )?,
-        model: model(body.required("model")?)?,
-        tools: tools(body.get("tools"))?,
-        skills: skills(body.get("skills"))?,
-        mcp_servers: mcp_servers(body.get("mcp_servers"))?,
-        execution_identity: execution_identity(body.get("execution_identity"))?,
-        metadata: metadata::to_json(&metadata::validate(body.get("metadata"))?),
-    };
-    check_mcp_references(&def.tools, &def.mcp_servers)?;
-    let row = agents::create(
+    let body: CreateAgent = body_coded(&bytes, shape_error_code)?;
+    let version = agent_definition::create(body)?;
+    let row = agent_service::create(
         &mut conn,
         &key.workspace_id,
         &ids::new_id("agent"),
-        &def,
+        &version,
         time::now(),
     )
     .await?;
-    Ok(Json(row.render()).into_response())
+    Ok(Json(row.render()))
 }
 
 async fn retrieve(
@@ -79,12 +56,12 @@ async fn retrieve(
     Path(agent): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Agent>> {
     let (mut conn, key) = operator(&ctx, &headers, "Reading an Agent").await?;
-    let params = Params::parse(query.as_deref());
+    let params = Params::parse(query.as_deref())?;
     let version = params.int("version", 1, i32::MAX as i64)?.map(|v| v as i32);
     match agents::find(&mut *conn, &key.workspace_id, &agent, version).await? {
-        Some(row) => Ok(Json(row.render()).into_response()),
+        Some(row) => Ok(Json(row.render())),
         None => match version {
             Some(v) if agents::exists(&mut *conn, &key.workspace_id, &agent).await? => Err(
                 ApiError::not_found(format!("agent {agent} has no version {v}"))
@@ -95,84 +72,34 @@ async fn retrieve(
     }
 }
 
-/// Applies the update body to the current definition (omitted fields are kept).
-fn apply(body: &Body, current: &AgentRow) -> ApiResult<Definition> {
-    let mut def = current.definition();
-    if body.has("name") {
-        def.name = match body.get("name") {
-            Some(Value::String(s)) => name(s)?,
-            _ => {
-                return Err(ApiError::invalid_parameter(
-                    "name must be a non-empty string; it cannot be cleared",
-                ))
-            }
-        };
-    }
-    if let Some(d) = body.nullable_str("description")? {
-        def.description = text("description", d, MAX_DESCRIPTION_CHARS)?;
-    }
-    if let Some(s) = body.nullable_str("system")? {
-        def.system = text("system", s, MAX_SYSTEM_CHARS)?;
-    }
-    if let Some(m) = body.get("model") {
-        if m.is_null() {
-            return Err(ApiError::invalid_parameter("model cannot be cleared"));
-        }
-        def.model = model(m)?;
-    }
-    if body.has("tools") {
-        def.tools = tools(body.get("tools"))?;
-    }
-    if body.has("skills") {
-        def.skills = skills(body.get("skills"))?;
-    }
-    if body.has("mcp_servers") {
-        def.mcp_servers = mcp_servers(body.get("mcp_servers"))?;
-    }
-    if body.has("execution_identity") {
-        def.execution_identity = execution_identity(body.get("execution_identity"))?;
-    }
-    match body.get("metadata") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(patch)) => {
-            def.metadata = metadata::to_json(&metadata::merge(
-                &metadata::from_json(&current.metadata),
-                patch,
-                false,
-            )?);
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request("metadata must be an object")
-                .code(ErrorCode::InvalidMetadata))
-        }
-    }
-    check_mcp_references(&def.tools, &def.mcp_servers)?;
-    Ok(def)
-}
-
 async fn update(
     State(ctx): State<ApiContext>,
     Path(agent): Path<String>,
     headers: HeaderMap,
     RawBody(bytes): RawBody,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Agent>> {
     let (mut conn, key) = operator(&ctx, &headers, "Updating an Agent").await?;
-    let body = Body::parse_optional(&bytes, UPDATE_FIELDS)?;
-    no_multiagent(&body)?;
-    let expected = body
-        .optional_int("version", 1, i32::MAX as i64)?
-        .map(|v| v as i32);
-    let outcome = agents::update(
+    let body: UpdateAgent = optional_body_coded(&bytes, shape_error_code)?;
+    let expected = match body.version {
+        None => None,
+        Some(v) => Some(i32::try_from(v).ok().filter(|v| *v >= 1).ok_or_else(|| {
+            ApiError::invalid_parameter(format!(
+                "version must be an integer from 1 through {}",
+                i32::MAX
+            ))
+        })?),
+    };
+    let outcome = agent_service::update(
         &mut conn,
         &key.workspace_id,
         &agent,
         expected,
         time::now(),
-        |current| apply(&body, current),
+        |current| agent_definition::update(current, body),
     )
-    .await??;
+    .await?;
     match outcome {
-        Updated::Saved(row) => Ok(Json(row.render()).into_response()),
+        Updated::Saved(row) => Ok(Json(row.render())),
         Updated::NotFound => Err(not_found(&agent)),
         Updated::Archived => Err(ApiError::bad_request(format!(
             "agent {agent} is archived and cannot be updated"
@@ -192,9 +119,9 @@ async fn list(
     State(ctx): State<ApiContext>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Page<Agent>>> {
     let (mut conn, key) = operator(&ctx, &headers, "Listing Agents").await?;
-    let params = Params::parse(query.as_deref());
+    let params = Params::parse(query.as_deref())?;
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let include_archived = params.bool("include_archived")?.unwrap_or(false);
     let gte = params.timestamp("created_at[gte]")?;
@@ -220,8 +147,7 @@ async fn list(
     Ok(Json(Page {
         data: rows.iter().map(AgentRow::render).collect(),
         next_page,
-    })
-    .into_response())
+    }))
 }
 
 async fn versions(
@@ -229,9 +155,9 @@ async fn versions(
     Path(agent): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Page<Agent>>> {
     let (mut conn, key) = operator(&ctx, &headers, "Listing an Agent's versions").await?;
-    let params = Params::parse(query.as_deref());
+    let params = Params::parse(query.as_deref())?;
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let before = match params.str("page").filter(|p| !p.is_empty()) {
         None => None,
@@ -256,18 +182,17 @@ async fn versions(
     Ok(Json(Page {
         data: rows.iter().map(AgentRow::render).collect(),
         next_page,
-    })
-    .into_response())
+    }))
 }
 
 async fn archive(
     State(ctx): State<ApiContext>,
     Path(agent): Path<String>,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Agent>> {
     let (mut conn, key) = operator(&ctx, &headers, "Archiving an Agent").await?;
     let row = agents::archive(&mut conn, &key.workspace_id, &agent, time::now())
         .await?
         .ok_or_else(|| not_found(&agent))?;
-    Ok(Json(row.render()).into_response())
+    Ok(Json(row.render()))
 }

@@ -3,21 +3,25 @@
 use crate::auth::operator;
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{check_len, Body, Params, RawBody};
+use crate::extract::{body, check_len, optional_body, Params, RawBody};
+use crate::service::environments::{self as environment_service, find_environment};
 use crate::store::cursor;
 use crate::store::environments::{self, EnvironmentRow};
 use crate::{ids, metadata};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use mango_protocol::{time, EnvironmentDeleted, ErrorCode, Page};
+use mango_protocol::patch::Patch;
+use mango_protocol::{
+    time, CreateEnvironment, Environment, EnvironmentConfig, EnvironmentDeleted, ErrorCode, Page,
+    UpdateEnvironment,
+};
 use serde_json::{json, Value};
 
-const FIELDS: &[&str] = &["name", "description", "config", "metadata", "scope"];
 const MAX_NAME_CHARS: usize = 256;
 const MAX_DESCRIPTION_CHARS: usize = 2048;
+const SELF_HOSTED: &str = "self_hosted";
 
 pub fn router() -> Router<ApiContext> {
     Router::new()
@@ -29,45 +33,18 @@ pub fn router() -> Router<ApiContext> {
         .route("/v1/environments/{env}/archive", post(archive))
 }
 
-fn not_found(env: &str) -> ApiError {
-    ApiError::not_found(format!("environment {env} not found")).code(ErrorCode::EnvironmentNotFound)
-}
-
-/// `config` must be `{"type":"self_hosted"}` (or null on create: the same).
-fn self_hosted_config(value: Option<&Value>, on_update: bool) -> ApiResult<Option<Value>> {
-    match value {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) => match map.get("type").and_then(Value::as_str) {
-            Some("self_hosted") => {
-                if let Some(extra) = map.keys().find(|k| *k != "type") {
-                    return Err(ApiError::invalid_parameter(format!(
-                        "config.{extra} is not a self_hosted config field"
-                    )));
-                }
-                Ok(Some(json!({"type": "self_hosted"})))
-            }
-            Some(other) if on_update => Err(ApiError::bad_request(format!(
-                "config.type cannot change from \"self_hosted\" to {other:?}"
-            ))
-            .code(ErrorCode::InvalidConfigTypeChange)),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "config.type {other:?} is not supported: Mango runs self_hosted Environments only"
-            ))
-            .code(ErrorCode::UnsupportedConfigType)),
-            None => Err(ApiError::invalid_parameter("config.type is required")),
-        },
-        Some(_) => Err(ApiError::invalid_parameter("config must be an object")),
-    }
-}
-
-fn scope(body: &Body) -> ApiResult<Option<Option<String>>> {
-    match body.nullable_str("scope")? {
-        None => Ok(None),
-        Some(None) => Ok(Some(None)),
-        Some(Some(s @ ("organization" | "account"))) => Ok(Some(Some(s.to_string()))),
-        Some(Some(other)) => Err(ApiError::invalid_parameter(format!(
-            "scope must be \"organization\" or \"account\", got {other:?}"
-        ))),
+/// `config` must be `{"type":"self_hosted"}`.
+fn self_hosted_config(config: &EnvironmentConfig, on_update: bool) -> ApiResult<Value> {
+    match config.kind.as_str() {
+        SELF_HOSTED => Ok(json!({"type": SELF_HOSTED})),
+        other if on_update => Err(ApiError::bad_request(format!(
+            "config.type cannot change from {SELF_HOSTED:?} to {other:?}"
+        ))
+        .code(ErrorCode::InvalidConfigTypeChange)),
+        other => Err(ApiError::bad_request(format!(
+            "config.type {other:?} is not supported: Mango runs {SELF_HOSTED} Environments only"
+        ))
+        .code(ErrorCode::UnsupportedConfigType)),
     }
 }
 
@@ -90,37 +67,39 @@ async fn create(
     State(ctx): State<ApiContext>,
     headers: HeaderMap,
     RawBody(bytes): RawBody,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Environment>> {
     let (mut conn, key) = operator(&ctx, &headers, "Creating an Environment").await?;
-    let body = Body::parse(&bytes, FIELDS)?;
+    let body: CreateEnvironment = body(&bytes)?;
     let now = time::now();
+    let config = match &body.config {
+        Some(c) => self_hosted_config(c, false)?,
+        None => json!({"type": SELF_HOSTED}),
+    };
     let row = EnvironmentRow {
         id: ids::new_id("env"),
         workspace_id: key.workspace_id.clone(),
-        name: name(body.required_str("name")?)?,
-        description: description(body.nullable_str("description")?.flatten())?,
-        config: self_hosted_config(body.get("config"), false)?
-            .unwrap_or_else(|| json!({"type": "self_hosted"})),
-        metadata: metadata::to_json(&metadata::validate(body.get("metadata"))?),
-        scope: scope(&body)?.flatten(),
+        name: name(&body.name)?,
+        description: description(body.description.as_deref())?,
+        config,
+        metadata: metadata::to_json(&metadata::validate(body.metadata.as_ref())?),
+        scope: body.scope.map(|s| s.as_str().to_string()),
         created_at: now,
         updated_at: now,
         archived_at: None,
     };
     let saved = environments::insert(&mut *conn, &row).await?;
-    Ok(Json(saved.render()).into_response())
+    Ok(Json(saved.render()))
 }
 
 async fn retrieve(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Environment>> {
     let (mut conn, key) = operator(&ctx, &headers, "Reading an Environment").await?;
-    let row = environments::find(&mut *conn, &key.workspace_id, &env)
-        .await?
-        .ok_or_else(|| not_found(&env))?;
-    Ok(Json(row.render()).into_response())
+    Ok(Json(
+        find_environment(&mut conn, &key, &env).await?.render(),
+    ))
 }
 
 async fn update(
@@ -128,65 +107,52 @@ async fn update(
     Path(env): Path<String>,
     headers: HeaderMap,
     RawBody(bytes): RawBody,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Environment>> {
     let (mut conn, key) = operator(&ctx, &headers, "Updating an Environment").await?;
-    let body = Body::parse_optional(&bytes, FIELDS)?;
-    let mut row = environments::find(&mut *conn, &key.workspace_id, &env)
-        .await?
-        .ok_or_else(|| not_found(&env))?;
+    let body: UpdateEnvironment = optional_body(&bytes)?;
+    let mut row = find_environment(&mut conn, &key, &env).await?;
     if row.archived_at.is_some() {
         return Err(ApiError::bad_request(format!(
             "environment {env} is archived and cannot be updated"
         ))
         .code(ErrorCode::EnvironmentArchived));
     }
-    if let Some(config) = self_hosted_config(body.get("config"), true)? {
-        row.config = config;
+    if let Some(config) = &body.config {
+        row.config = self_hosted_config(config, true)?;
     }
-    if let Some(Some(n)) = body.nullable_str("name")? {
+    if let Patch::Set(n) = &body.name {
         row.name = name(n)?;
     }
-    if let Some(d) = body.nullable_str("description")? {
-        row.description = description(d)?;
+    if let Some(d) = body.description.as_ref().into_option() {
+        row.description = description(d.map(String::as_str))?;
     }
-    match body.get("metadata") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(patch)) => {
-            row.metadata = metadata::to_json(&metadata::merge(
-                &environments::metadata_of(&row),
-                patch,
-                true,
-            )?);
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request("metadata must be an object")
-                .code(ErrorCode::InvalidMetadata))
-        }
+    if let Some(patch) = &body.metadata {
+        row.metadata = metadata::to_json(&metadata::merge(
+            &environments::metadata_of(&row),
+            patch,
+            true,
+        )?);
     }
-    if let Some(s) = scope(&body)? {
-        row.scope = s;
+    if let Some(scope) = body.scope.into_option() {
+        row.scope = scope.map(|s| s.as_str().to_string());
     }
     row.updated_at = time::now();
     let saved = environments::update(&mut *conn, &row)
         .await?
-        .ok_or_else(|| not_found(&env))?;
-    Ok(Json(saved.render()).into_response())
+        .ok_or_else(|| environment_service::not_found(&env))?;
+    Ok(Json(saved.render()))
 }
 
 async fn list(
     State(ctx): State<ApiContext>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Page<Environment>>> {
     let (mut conn, key) = operator(&ctx, &headers, "Listing Environments").await?;
-    let params = Params::parse(query.as_deref());
+    let params = Params::parse(query.as_deref())?;
     let limit = params.int("limit", 1, 100)?.unwrap_or(20);
     let include_archived = params.bool("include_archived")?.unwrap_or(false);
-    let after = params
-        .str("page")
-        .filter(|p| !p.is_empty())
-        .map(cursor::decode)
-        .transpose()?;
+    let after = params.cursor("page")?;
     let mut rows = environments::list(
         &mut *conn,
         &key.workspace_id,
@@ -199,24 +165,20 @@ async fn list(
     Ok(Json(Page {
         data: rows.iter().map(EnvironmentRow::render).collect(),
         next_page,
-    })
-    .into_response())
+    }))
 }
 
 async fn delete(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<EnvironmentDeleted>> {
     let (mut conn, key) = operator(&ctx, &headers, "Deleting an Environment").await?;
-    if !environments::delete(&mut *conn, &key.workspace_id, &env).await? {
-        return Err(not_found(&env));
-    }
+    environment_service::delete(&mut conn, &key.workspace_id, &env).await?;
     Ok(Json(EnvironmentDeleted {
         id: env,
         kind: "environment_deleted".into(),
-    })
-    .into_response())
+    }))
 }
 
 /// Archive: idempotent; an archived Environment gets no new Work.
@@ -224,18 +186,16 @@ async fn archive(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
     headers: HeaderMap,
-) -> ApiResult<Response> {
+) -> ApiResult<Json<Environment>> {
     let (mut conn, key) = operator(&ctx, &headers, "Archiving an Environment").await?;
-    let mut row = environments::find(&mut *conn, &key.workspace_id, &env)
-        .await?
-        .ok_or_else(|| not_found(&env))?;
+    let mut row = find_environment(&mut conn, &key, &env).await?;
     if row.archived_at.is_none() {
         let now = time::now();
         row.archived_at = Some(now);
         row.updated_at = now;
         row = environments::update(&mut *conn, &row)
             .await?
-            .ok_or_else(|| not_found(&env))?;
+            .ok_or_else(|| environment_service::not_found(&env))?;
     }
-    Ok(Json(row.render()).into_response())
+    Ok(Json(row.render()))
 }

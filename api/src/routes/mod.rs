@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod environments;
+pub mod events;
 pub mod sessions;
 pub mod work;
 
@@ -26,6 +27,7 @@ pub fn router(ctx: ApiContext) -> Router {
         .merge(environments::router())
         .merge(work::router())
         .merge(sessions::router())
+        .merge(events::router())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(ready))
         .route(
@@ -49,7 +51,7 @@ pub fn router(ctx: ApiContext) -> Router {
 }
 
 async fn ready(State(ctx): State<ApiContext>) -> Response {
-    match sqlx::query("SELECT 1").execute(&ctx.db).await {
+    match crate::store::ping(&ctx.db).await {
         Ok(_) => Json(json!({"status": "ready"})).into_response(),
         Err(_) => ApiError::unavailable("database unreachable").into_response(),
     }

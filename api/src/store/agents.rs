@@ -1,8 +1,16 @@
-//! Agents: a head row (`agents`) and immutable numbered versions (`agent_versions`).
+//! Agents: a head row (`agents`) and immutable numbered versions
+//! (`agent_versions`), whose definition columns hold the protocol's types as
+//! JSON.
 
-use mango_protocol::time::{self, Timestamp};
-use serde_json::{json, Value};
-use sqlx::{FromRow, PgExecutor};
+use crate::metadata;
+use mango_protocol::agents::{
+    Agent, AgentDefinition, AgentObject, AgentTool, ExecutionIdentity, McpServer, ModelConfig,
+    SkillPin,
+};
+use mango_protocol::time::Timestamp;
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgConnection, PgExecutor};
 
 /// One version of an Agent joined with its head row.
 #[derive(Debug, Clone, FromRow)]
@@ -19,70 +27,58 @@ pub struct AgentRow {
     pub name: String,
     pub description: Option<String>,
     pub system: Option<String>,
-    pub model: Value,
-    pub tools: Value,
-    pub skills: Value,
-    pub mcp_servers: Value,
-    pub execution_identity: Value,
+    pub model: Json<ModelConfig>,
+    pub tools: Json<Vec<AgentTool>>,
+    pub skills: Json<Vec<SkillPin>>,
+    pub mcp_servers: Json<Vec<McpServer>>,
+    pub execution_identity: Json<ExecutionIdentity>,
     pub metadata: Value,
     pub version_created_at: Timestamp,
 }
 
-/// The immutable definition of one version.
+/// The immutable content of one version: its definition and metadata.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Definition {
-    pub name: String,
-    pub description: Option<String>,
-    pub system: Option<String>,
-    pub model: Value,
-    pub tools: Value,
-    pub skills: Value,
-    pub mcp_servers: Value,
-    pub execution_identity: Value,
+pub struct Version {
+    pub definition: AgentDefinition,
     pub metadata: Value,
 }
 
 impl AgentRow {
-    pub fn definition(&self) -> Definition {
-        Definition {
-            name: self.name.clone(),
-            description: self.description.clone(),
-            system: self.system.clone(),
-            model: self.model.clone(),
-            tools: self.tools.clone(),
-            skills: self.skills.clone(),
-            mcp_servers: self.mcp_servers.clone(),
-            execution_identity: self.execution_identity.clone(),
+    pub fn version(&self) -> Version {
+        Version {
+            definition: AgentDefinition {
+                name: self.name.clone(),
+                description: self.description.clone(),
+                system: self.system.clone(),
+                model: self.model.0.clone(),
+                tools: self.tools.0.clone(),
+                skills: self.skills.0.clone(),
+                mcp_servers: self.mcp_servers.0.clone(),
+                execution_identity: self.execution_identity.0.clone(),
+            },
             metadata: self.metadata.clone(),
         }
     }
 
     /// The SDK's `BetaManagedAgentsAgent`. An older version reports the time it
     /// was written as `updated_at`; the archive state is the Agent's.
-    pub fn render(&self) -> Value {
+    pub fn render(&self) -> Agent {
         let updated_at = if self.version == self.latest_version {
             self.agent_updated_at
         } else {
             self.version_created_at
         };
-        json!({
-            "type": "agent",
-            "id": self.id,
-            "version": self.version,
-            "name": self.name,
-            "description": self.description,
-            "system": self.system,
-            "model": self.model,
-            "tools": self.tools,
-            "skills": self.skills,
-            "mcp_servers": self.mcp_servers,
-            "execution_identity": self.execution_identity,
-            "multiagent": Value::Null,
-            "metadata": self.metadata,
-            "created_at": time::format(&self.agent_created_at),
-            "updated_at": time::format(&updated_at),
-            "archived_at": self.archived_at.as_ref().map(time::format),
-        })
+        Agent {
+            kind: AgentObject::Agent,
+            id: self.id.clone(),
+            version: self.version,
+            definition: self.version().definition,
+            multiagent: None,
+            metadata: metadata::from_json(&self.metadata),
+            created_at: self.agent_created_at,
+            updated_at,
+            archived_at: self.archived_at,
+        }
     }
 }
 
@@ -91,13 +87,14 @@ const COLUMNS: &str = "a.id, a.workspace_id, a.version AS latest_version,
     v.version, v.name, v.description, v.system, v.model, v.tools, v.skills, v.mcp_servers,
     v.execution_identity, v.metadata, v.created_at AS version_created_at";
 
-async fn insert_version(
+pub async fn insert_version(
     db: impl PgExecutor<'_>,
     id: &str,
     version: i32,
-    def: &Definition,
+    content: &Version,
     at: Timestamp,
 ) -> sqlx::Result<()> {
+    let def = &content.definition;
     sqlx::query(
         "INSERT INTO agent_versions (agent_id, version, name, description, system, model, tools,
              skills, mcp_servers, execution_identity, metadata, created_at)
@@ -108,27 +105,26 @@ async fn insert_version(
     .bind(&def.name)
     .bind(&def.description)
     .bind(&def.system)
-    .bind(&def.model)
-    .bind(&def.tools)
-    .bind(&def.skills)
-    .bind(&def.mcp_servers)
-    .bind(&def.execution_identity)
-    .bind(&def.metadata)
+    .bind(Json(&def.model))
+    .bind(Json(&def.tools))
+    .bind(Json(&def.skills))
+    .bind(Json(&def.mcp_servers))
+    .bind(Json(&def.execution_identity))
+    .bind(&content.metadata)
     .bind(at)
     .execute(db)
     .await?;
     Ok(())
 }
 
-/// Creates the head row and version 1 in one transaction.
-pub async fn create(
-    conn: &mut sqlx::PgConnection,
+/// Inserts the head row of a new Agent at version 1 (its version row follows
+/// in the same transaction).
+pub async fn insert_head(
+    db: impl PgExecutor<'_>,
     workspace_id: &str,
     id: &str,
-    def: &Definition,
     at: Timestamp,
-) -> sqlx::Result<AgentRow> {
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO agents (id, workspace_id, version, created_at, updated_at)
          VALUES ($1, $2, 1, $3, $3)",
@@ -136,13 +132,9 @@ pub async fn create(
     .bind(id)
     .bind(workspace_id)
     .bind(at)
-    .execute(&mut *tx)
+    .execute(db)
     .await?;
-    insert_version(&mut *tx, id, 1, def, at).await?;
-    tx.commit().await?;
-    Ok(find(&mut *conn, workspace_id, id, None)
-        .await?
-        .expect("the agent just created"))
+    Ok(())
 }
 
 /// The latest version, or `version` when given.
@@ -167,83 +159,48 @@ pub async fn find(
 
 /// Whether the Agent exists in the workspace (to tell a missing version from a missing Agent).
 pub async fn exists(db: impl PgExecutor<'_>, workspace_id: &str, id: &str) -> sqlx::Result<bool> {
-    let found: Option<(i32,)> =
-        sqlx::query_as("SELECT version FROM agents WHERE id = $1 AND workspace_id = $2")
-            .bind(id)
-            .bind(workspace_id)
-            .fetch_optional(db)
-            .await?;
-    Ok(found.is_some())
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM agents WHERE id = $1 AND workspace_id = $2)")
+        .bind(id)
+        .bind(workspace_id)
+        .fetch_one(db)
+        .await
 }
 
-/// What an update found under the head row's lock.
-pub enum Updated {
-    NotFound,
-    Archived,
-    /// `expected` did not match the head: carries the current version.
-    Conflict(i32),
-    /// The new latest version (or the unchanged head when nothing changed).
-    Saved(Box<AgentRow>),
-}
-
-/// Locks the head, checks `expected`, computes the new definition from the
-/// current one with `apply`, and writes it as version + 1 unless it is unchanged.
-pub async fn update<F, E>(
-    conn: &mut sqlx::PgConnection,
+/// The head of an Agent, locked for the rest of the transaction: its
+/// current version and archival.
+pub async fn lock_head(
+    db: &mut PgConnection,
     workspace_id: &str,
     id: &str,
-    expected: Option<i32>,
-    at: Timestamp,
-    apply: F,
-) -> sqlx::Result<Result<Updated, E>>
-where
-    F: FnOnce(&AgentRow) -> Result<Definition, E>,
-{
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let locked: Option<(i32, Option<Timestamp>)> = sqlx::query_as(
+) -> sqlx::Result<Option<(i32, Option<Timestamp>)>> {
+    sqlx::query_as(
         "SELECT version, archived_at FROM agents WHERE id = $1 AND workspace_id = $2 FOR UPDATE",
     )
     .bind(id)
     .bind(workspace_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((current, archived_at)) = locked else {
-        return Ok(Ok(Updated::NotFound));
-    };
-    if archived_at.is_some() {
-        return Ok(Ok(Updated::Archived));
-    }
-    if expected.is_some_and(|e| e != current) {
-        return Ok(Ok(Updated::Conflict(current)));
-    }
-    let row = find(&mut *tx, workspace_id, id, None)
-        .await?
-        .expect("the locked agent has its latest version");
-    let def = match apply(&row) {
-        Ok(def) => def,
-        Err(e) => return Ok(Err(e)),
-    };
-    if def == row.definition() {
-        return Ok(Ok(Updated::Saved(Box::new(row))));
-    }
-    let next = current + 1;
-    insert_version(&mut *tx, id, next, &def, at).await?;
+    .fetch_optional(db)
+    .await
+}
+
+/// Moves the head to `version`.
+pub async fn set_head_version(
+    db: impl PgExecutor<'_>,
+    id: &str,
+    version: i32,
+    at: Timestamp,
+) -> sqlx::Result<()> {
     sqlx::query("UPDATE agents SET version = $2, updated_at = $3 WHERE id = $1")
         .bind(id)
-        .bind(next)
+        .bind(version)
         .bind(at)
-        .execute(&mut *tx)
+        .execute(db)
         .await?;
-    let saved = find(&mut *tx, workspace_id, id, None)
-        .await?
-        .expect("the agent just updated");
-    tx.commit().await?;
-    Ok(Ok(Updated::Saved(Box::new(saved))))
+    Ok(())
 }
 
 /// Idempotent: sets `archived_at` once. `None` when the Agent does not exist.
 pub async fn archive(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut PgConnection,
     workspace_id: &str,
     id: &str,
     at: Timestamp,

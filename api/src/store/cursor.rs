@@ -7,6 +7,17 @@ use chrono::DateTime;
 use mango_protocol::time::Timestamp;
 use mango_protocol::ErrorCode;
 
+/// The earliest instant PostgreSQL's `timestamptz` holds (4714-11-24 BC,
+/// the astronomical year -4713); its latest (294276 AD) lies beyond chrono's
+/// own range. A cursor outside it is not one this API issued, and would
+/// fail in SQL.
+static EARLIEST: std::sync::LazyLock<Timestamp> = std::sync::LazyLock::new(|| {
+    chrono::NaiveDate::from_ymd_opt(-4713, 11, 24)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .expect("a date chrono holds")
+        .and_utc()
+});
+
 pub fn encode(created_at: &Timestamp, id: &str) -> String {
     URL_SAFE_NO_PAD.encode(format!("v1:{}:{id}", created_at.timestamp_micros()))
 }
@@ -23,7 +34,9 @@ pub fn decode(cursor: &str) -> ApiResult<(Timestamp, String)> {
         return Err(bad());
     };
     let micros: i64 = micros.parse().map_err(|_| bad())?;
-    let ts = DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+    let ts = DateTime::from_timestamp_micros(micros)
+        .filter(|ts| *ts >= *EARLIEST)
+        .ok_or_else(bad)?;
     Ok((ts, id.to_string()))
 }
 
@@ -65,5 +78,14 @@ mod tests {
         assert!(decode("nope!").is_err());
         assert!(decode(&URL_SAFE_NO_PAD.encode("v2:1:x")).is_err());
         assert!(decode(&URL_SAFE_NO_PAD.encode("v1:abc:x")).is_err());
+        // The edge PostgreSQL can hold, and one microsecond before it
+        // (chrono holds it; PostgreSQL would fail the statement).
+        let edge = format!("v1:{}:x", EARLIEST.timestamp_micros());
+        assert!(decode(&URL_SAFE_NO_PAD.encode(edge)).is_ok());
+        let before = format!("v1:{}:x", EARLIEST.timestamp_micros() - 1);
+        assert!(decode(&URL_SAFE_NO_PAD.encode(before)).is_err());
+        // Beyond chrono's range altogether.
+        let far = format!("v1:{}:x", i64::MAX);
+        assert!(decode(&URL_SAFE_NO_PAD.encode(far)).is_err());
     }
 }

@@ -137,3 +137,24 @@ pub async fn delete(db: impl PgExecutor<'_>, workspace_id: &str, id: &str) -> sq
 pub fn metadata_of(row: &EnvironmentRow) -> BTreeMap<String, String> {
     metadata::from_json(&row.metadata)
 }
+
+/// Locks the Environment row for the rest of the transaction (a Session
+/// created meanwhile waits for it); `false` when it does not exist.
+pub async fn lock(db: &mut sqlx::PgConnection, workspace_id: &str, id: &str) -> sqlx::Result<bool> {
+    let found: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM environments WHERE id = $1 AND workspace_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(workspace_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(found.is_some())
+}
+
+/// How many Sessions belong to the Environment.
+pub async fn session_count(db: impl PgExecutor<'_>, id: &str) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM sessions WHERE environment_id = $1")
+        .bind(id)
+        .fetch_one(db)
+        .await
+}

@@ -2,23 +2,27 @@
 //! one-statement claim or a compare-and-set of a [`Lease`] computed by the
 //! pure state machine, fenced on the row version and claim epoch it read.
 
-use crate::lease::{Kind, Lease};
+use crate::lease::Lease;
 use crate::metadata;
 use chrono::Duration;
 use mango_protocol::time::Timestamp;
-use mango_protocol::{CheckResult, CheckStatus, Work, WorkData, WorkState};
+use mango_protocol::{CheckResult, WireEnum, Work, WorkData, WorkState, WorkType};
 use serde_json::Value;
-use sqlx::{FromRow, PgExecutor};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgExecutor, Row};
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, FromRow)]
+/// A Work row, its text columns decoded into the wire enums. This module
+/// is where Work's state, type and result status meet SQL: rows decode
+/// them here and statements bind `as_str()`.
+#[derive(Debug, Clone)]
 pub struct WorkRow {
     pub id: String,
     pub environment_id: String,
-    pub kind: String,
+    pub kind: WorkType,
     pub session_id: Option<String>,
     pub metadata: Value,
-    pub state: String,
+    pub state: WorkState,
     pub row_version: i64,
     pub claim_epoch: i64,
     pub token_sha256: Option<Vec<u8>>,
@@ -33,20 +37,60 @@ pub struct WorkRow {
     pub stop_requested_at: Option<Timestamp>,
     pub stopped_at: Option<Timestamp>,
     pub expires_at: Option<Timestamp>,
-    pub result_status: Option<String>,
-    pub result_message: Option<String>,
+    pub result: Option<CheckResult>,
     pub result_committed_at: Option<Timestamp>,
+}
+
+fn decoded<T: WireEnum>(column: &str, text: &str) -> sqlx::Result<T> {
+    T::parse(text).ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.into(),
+        source: format!("{text:?} is not a valid value").into(),
+    })
+}
+
+impl<'r> FromRow<'r, PgRow> for WorkRow {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let result_status: Option<String> = row.try_get("result_status")?;
+        let result_message: Option<String> = row.try_get("result_message")?;
+        let result = match (result_status, result_message) {
+            (Some(status), Some(message)) => Some(CheckResult {
+                status: decoded("result_status", &status)?,
+                message,
+            }),
+            _ => None,
+        };
+        Ok(WorkRow {
+            id: row.try_get("id")?,
+            environment_id: row.try_get("environment_id")?,
+            kind: decoded("kind", row.try_get("kind")?)?,
+            session_id: row.try_get("session_id")?,
+            metadata: row.try_get("metadata")?,
+            state: decoded("state", row.try_get("state")?)?,
+            row_version: row.try_get("row_version")?,
+            claim_epoch: row.try_get("claim_epoch")?,
+            token_sha256: row.try_get("token_sha256")?,
+            claimed_at: row.try_get("claimed_at")?,
+            created_at: row.try_get("created_at")?,
+            acknowledged_at: row.try_get("acknowledged_at")?,
+            started_at: row.try_get("started_at")?,
+            latest_heartbeat_at: row.try_get("latest_heartbeat_at")?,
+            previous_heartbeat_at: row.try_get("previous_heartbeat_at")?,
+            lease_expires_at: row.try_get("lease_expires_at")?,
+            ttl_seconds: row.try_get("ttl_seconds")?,
+            stop_requested_at: row.try_get("stop_requested_at")?,
+            stopped_at: row.try_get("stopped_at")?,
+            expires_at: row.try_get("expires_at")?,
+            result,
+            result_committed_at: row.try_get("result_committed_at")?,
+        })
+    }
 }
 
 impl WorkRow {
     pub fn lease(&self) -> Lease {
         Lease {
-            kind: if self.kind == "healthcheck" {
-                Kind::Healthcheck
-            } else {
-                Kind::Session
-            },
-            state: WorkState::parse(&self.state).expect("state is constrained by the schema"),
+            kind: self.kind,
+            state: self.state,
             claim_epoch: self.claim_epoch,
             claimed_at: self.claimed_at,
             acknowledged_at: self.acknowledged_at,
@@ -58,14 +102,7 @@ impl WorkRow {
             stop_requested_at: self.stop_requested_at,
             stopped_at: self.stopped_at,
             expires_at: self.expires_at,
-            result: match (&self.result_status, &self.result_message) {
-                (Some(s), Some(m)) => Some(CheckResult {
-                    status: CheckStatus::parse(s)
-                        .expect("result_status is constrained by the schema"),
-                    message: m.clone(),
-                }),
-                _ => None,
-            },
+            result: self.result.clone(),
             result_committed_at: self.result_committed_at,
         }
     }
@@ -123,11 +160,7 @@ fn bind_new<'q>(
     query
         .bind(new.id)
         .bind(new.environment_id)
-        .bind(if new.lease.kind == Kind::Healthcheck {
-            "healthcheck"
-        } else {
-            "session"
-        })
+        .bind(new.lease.kind.as_str())
         .bind(new.session_id)
         .bind(metadata::to_json(new.metadata))
         .bind(new.lease.ttl_seconds as i32)
@@ -369,24 +402,6 @@ pub async fn stats(
     .await
 }
 
-pub async fn record_worker(
-    db: impl PgExecutor<'_>,
-    environment_id: &str,
-    worker_id: &str,
-    now: Timestamp,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "INSERT INTO worker_sightings (environment_id, worker_id, last_seen_at) VALUES ($1, $2, $3)
-         ON CONFLICT (environment_id, worker_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at",
-    )
-    .bind(environment_id)
-    .bind(worker_id)
-    .bind(now)
-    .execute(db)
-    .await?;
-    Ok(())
-}
-
 /// Rows whose stored state lags time: overdue checks and run-out stopping leases.
 pub async fn due_for_reconcile(
     db: impl PgExecutor<'_>,
@@ -404,13 +419,4 @@ pub async fn due_for_reconcile(
         .bind(limit)
         .fetch_all(db)
         .await
-}
-
-pub async fn forget_old_workers(db: impl PgExecutor<'_>, now: Timestamp) -> sqlx::Result<u64> {
-    let done =
-        sqlx::query("DELETE FROM worker_sightings WHERE last_seen_at < $1 - interval '5 minutes'")
-            .bind(now)
-            .execute(db)
-            .await?;
-    Ok(done.rows_affected())
 }

@@ -1,0 +1,353 @@
+//! The Messages API side of a turn: the request the model gets (the
+//! conversation rebuilt from the Session's events) and the events its reply
+//! becomes. The Messages API's own JSON is the model endpoint's protocol,
+//! so it stays JSON here.
+
+use super::tools::{AgentTools, CallClass};
+use mango_protocol::agents::AgentSnapshot;
+use mango_protocol::content::ContentBlock;
+use mango_protocol::events::{
+    AgentCustomToolUse, AgentMessage, AgentToolUse, Confirmation, Evaluation, Event, EventBody,
+    ModelUsage, Permission,
+};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+fn push(messages: &mut Vec<Value>, role: &str, block: Value) {
+    if let Some(last) = messages.last_mut() {
+        if last["role"] == role {
+            last["content"]
+                .as_array_mut()
+                .expect("content is an array")
+                .push(block);
+            return;
+        }
+    }
+    messages.push(json!({"role": role, "content": [block]}));
+}
+
+fn error_result(call: &str, why: &str) -> Value {
+    json!({"type": "tool_result", "tool_use_id": call, "is_error": true,
+           "content": [{"type": "text", "text": why}]})
+}
+
+/// The conversation so far as Messages API `messages`, from the Session's
+/// events in order. Every tool call gets a result: a denied call (by policy
+/// or by confirmation) is answered with an error the model can read.
+pub fn transcript(events: &[Event]) -> Vec<Value> {
+    let mut denied: HashMap<&str, &str> = HashMap::new();
+    for e in events {
+        if let EventBody::UserToolConfirmation(c) = &e.body {
+            if c.result == Confirmation::Deny {
+                let why = c
+                    .deny_message
+                    .as_deref()
+                    .unwrap_or("the user denied this tool call");
+                denied.insert(&c.tool_use_id, why);
+            }
+        }
+    }
+    let mut messages = Vec::new();
+    // Results for refused calls join the next user turn, after the assistant's calls.
+    let mut refusals: Vec<Value> = Vec::new();
+    // Calls without a result yet; an interrupt answers them, and a late result is dropped.
+    let mut open: Vec<&str> = Vec::new();
+    for e in events {
+        let id = e.id.as_str();
+        let user_side = matches!(
+            e.body,
+            EventBody::UserMessage(_)
+                | EventBody::SystemMessage(_)
+                | EventBody::UserToolResult(_)
+                | EventBody::UserCustomToolResult(_)
+        );
+        if user_side || matches!(e.body, EventBody::AgentMessage(_)) {
+            for r in refusals.drain(..) {
+                push(&mut messages, "user", r);
+            }
+        }
+        match &e.body {
+            EventBody::UserMessage(m) => {
+                for block in &m.content {
+                    if !matches!(block, ContentBlock::Redacted) {
+                        push(&mut messages, "user", json!(block));
+                    }
+                }
+            }
+            EventBody::SystemMessage(m) => {
+                for block in &m.content {
+                    let text = format!("[system] {}", block.as_text().unwrap_or_default());
+                    push(&mut messages, "user", json!({"type": "text", "text": text}));
+                }
+            }
+            EventBody::AgentMessage(m) => {
+                for block in m.content.iter().filter(|b| b.as_text().is_some()) {
+                    push(&mut messages, "assistant", json!(block));
+                }
+            }
+            EventBody::UserInterrupt(_) => {
+                for call in open.drain(..) {
+                    refusals.push(error_result(call, "the user interrupted this tool call"));
+                }
+            }
+            EventBody::AgentToolUse(call) => {
+                push(
+                    &mut messages,
+                    "assistant",
+                    json!({"type": "tool_use", "id": id, "name": call.name, "input": call.input}),
+                );
+                let refusal = if call.evaluated_permission == Some(Permission::Deny) {
+                    Some(
+                        call.deny_reason
+                            .as_deref()
+                            .unwrap_or("this tool call is not permitted"),
+                    )
+                } else {
+                    denied.get(id).copied()
+                };
+                match refusal {
+                    Some(why) => refusals.push(error_result(id, why)),
+                    None => open.push(id),
+                }
+            }
+            EventBody::AgentCustomToolUse(call) => {
+                push(
+                    &mut messages,
+                    "assistant",
+                    json!({"type": "tool_use", "id": id, "name": call.name, "input": call.input}),
+                );
+                match denied.get(id) {
+                    Some(why) => refusals.push(error_result(id, why)),
+                    None => open.push(id),
+                }
+            }
+            EventBody::UserToolResult(_) | EventBody::UserCustomToolResult(_) => {
+                let (call, content, is_error) = match &e.body {
+                    EventBody::UserToolResult(r) => (&r.tool_use_id, &r.content, r.is_error),
+                    EventBody::UserCustomToolResult(r) => {
+                        (&r.custom_tool_use_id, &r.content, r.is_error)
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                let Some(at) = open.iter().position(|c| c == call) else {
+                    continue; // interrupted earlier, or not a call of this transcript
+                };
+                open.remove(at);
+                let content = match content {
+                    Some(blocks) if !blocks.is_empty() => json!(blocks),
+                    _ => json!([{"type": "text", "text": "(no output)"}]),
+                };
+                push(
+                    &mut messages,
+                    "user",
+                    json!({"type": "tool_result", "tool_use_id": call,
+                           "is_error": is_error.unwrap_or(false), "content": content}),
+                );
+            }
+            _ => {}
+        }
+    }
+    for r in refusals {
+        push(&mut messages, "user", r);
+    }
+    messages
+}
+
+/// The Messages API request for the next model call of a Session.
+pub fn request(agent: &AgentSnapshot, events: &[Event], max_tokens: u32) -> Value {
+    let tools = AgentTools::from_snapshot(agent);
+    let mut body = json!({
+        "model": agent.definition.model.id,
+        "max_tokens": max_tokens,
+        "messages": transcript(events),
+    });
+    if let Some(system) = agent.definition.system.as_deref().filter(|s| !s.is_empty()) {
+        body["system"] = json!(system);
+    }
+    let declarations = tools.declarations();
+    if !declarations.is_empty() {
+        body["tools"] = Value::Array(declarations);
+    }
+    body
+}
+
+/// The `agent.*` events a model reply becomes (without ids: the store assigns them).
+pub fn reply_events(reply: &Value, tools: &AgentTools) -> Vec<EventBody> {
+    let mut out = Vec::new();
+    let mut text: Vec<ContentBlock> = Vec::new();
+    let flush = |text: &mut Vec<ContentBlock>, out: &mut Vec<EventBody>| {
+        if !text.is_empty() {
+            out.push(EventBody::AgentMessage(AgentMessage {
+                content: std::mem::take(text),
+            }));
+        }
+    };
+    for block in reply["content"].as_array().into_iter().flatten() {
+        match block["type"].as_str().unwrap_or("") {
+            "text" => text.push(ContentBlock::text(
+                block["text"].as_str().unwrap_or_default(),
+            )),
+            "thinking" | "redacted_thinking" => {
+                flush(&mut text, &mut out);
+                out.push(EventBody::AgentThinking);
+            }
+            "tool_use" => {
+                flush(&mut text, &mut out);
+                let name = block["name"].as_str().unwrap_or_default().to_string();
+                let input = if block["input"].is_object() {
+                    block["input"].clone()
+                } else {
+                    json!({})
+                };
+                out.push(match tools.classify(&name) {
+                    CallClass::Worker { ask } => EventBody::AgentToolUse(AgentToolUse {
+                        name,
+                        input,
+                        evaluated_permission: Some(if ask {
+                            Permission::Ask
+                        } else {
+                            Permission::Allow
+                        }),
+                        evaluation: Some(if ask {
+                            Evaluation::AlwaysAsk
+                        } else {
+                            Evaluation::AlwaysAllow
+                        }),
+                        deny_reason: None,
+                        session_thread_id: None,
+                    }),
+                    CallClass::Custom => EventBody::AgentCustomToolUse(AgentCustomToolUse {
+                        name,
+                        input,
+                        session_thread_id: None,
+                    }),
+                    CallClass::Unknown => EventBody::AgentToolUse(AgentToolUse {
+                        deny_reason: Some(format!("tool {name:?} is not available to this agent")),
+                        name,
+                        input,
+                        evaluated_permission: Some(Permission::Deny),
+                        evaluation: None,
+                        session_thread_id: None,
+                    }),
+                });
+            }
+            // Server tools (web search/fetch) run on the model endpoint; their
+            // text reaches the Session through the model's own text blocks.
+            _ => {}
+        }
+    }
+    flush(&mut text, &mut out);
+    out
+}
+
+/// `span.model_request_end.model_usage` from a reply's `usage`.
+pub fn model_usage(reply: &Value) -> ModelUsage {
+    let u = &reply["usage"];
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    ModelUsage {
+        input_tokens: n("input_tokens"),
+        output_tokens: n("output_tokens"),
+        cache_creation_input_tokens: n("cache_creation_input_tokens"),
+        cache_read_input_tokens: n("cache_read_input_tokens"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::events;
+    use super::super::tools::test_agent;
+    use super::*;
+
+    #[test]
+    fn transcript_pairs_every_call_with_a_result_and_merges_roles() {
+        let events = events(vec![
+            json!({"id": "e1", "type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
+            json!({"id": "e2", "type": "agent.message", "content": [{"type": "text", "text": "ok"}]}),
+            json!({"id": "e3", "type": "agent.tool_use", "name": "bash", "input": {"command": "ls"}, "evaluated_permission": "allow"}),
+            json!({"id": "e4", "type": "agent.tool_use", "name": "nope", "input": {}, "evaluated_permission": "deny", "deny_reason": "no such tool"}),
+            json!({"id": "e5", "type": "agent.tool_use", "name": "bash", "input": {}, "evaluated_permission": "ask"}),
+            json!({"id": "e6", "type": "user.tool_result", "tool_use_id": "e3", "content": [{"type": "text", "text": "a.txt"}], "is_error": false}),
+            json!({"id": "e7", "type": "user.tool_confirmation", "tool_use_id": "e5", "result": "deny", "deny_message": "not now"}),
+            json!({"id": "e8", "type": "session.status_idle", "stop_reason": {"type": "requires_action", "event_ids": ["e5"]}}),
+        ]);
+        let m = transcript(&events);
+        assert_eq!(
+            m.len(),
+            3,
+            "user, assistant (text + 3 calls), user (3 results): {m:#?}"
+        );
+        assert_eq!(m[1]["role"], "assistant");
+        assert_eq!(m[1]["content"].as_array().unwrap().len(), 4);
+        let results = m[2]["content"].as_array().unwrap();
+        assert_eq!(results.len(), 3);
+        assert!(results.iter().any(|r| r["tool_use_id"] == "e4"
+            && r["is_error"] == true
+            && r["content"][0]["text"] == "no such tool"));
+        assert!(results
+            .iter()
+            .any(|r| r["tool_use_id"] == "e5" && r["content"][0]["text"] == "not now"));
+        assert!(results
+            .iter()
+            .any(|r| r["tool_use_id"] == "e3" && r["content"][0]["text"] == "a.txt"));
+    }
+
+    #[test]
+    fn request_carries_model_system_and_tools() {
+        let body = request(
+            &test_agent(),
+            &events(vec![
+                json!({"id": "e1", "type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
+            ]),
+            1024,
+        );
+        assert_eq!(body["model"], "claude-test");
+        assert_eq!(body["system"], "be brief");
+        assert_eq!(body["max_tokens"], 1024);
+        assert_eq!(body["messages"][0]["content"][0]["text"], "hi");
+        assert!(body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "bash" && t["input_schema"]["type"] == "object"));
+    }
+
+    #[test]
+    fn a_reply_becomes_events_with_permissions_from_the_policy() {
+        let tools = AgentTools::from_snapshot(&test_agent());
+        let reply = json!({"content": [
+            {"type": "text", "text": "let me look"},
+            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "read", "input": {"file_path": "a"}},
+            {"type": "tool_use", "id": "toolu_3", "name": "lookup", "input": {"q": 1}},
+            {"type": "tool_use", "id": "toolu_4", "name": "rm_rf", "input": "not an object"},
+            {"type": "text", "text": "done"}
+        ], "usage": {"input_tokens": 10, "output_tokens": 5}});
+        let events: Vec<Value> = reply_events(&reply, &tools)
+            .iter()
+            .map(|e| json!(e))
+            .collect();
+        let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            types,
+            [
+                "agent.message",
+                "agent.tool_use",
+                "agent.tool_use",
+                "agent.custom_tool_use",
+                "agent.tool_use",
+                "agent.message"
+            ]
+        );
+        assert_eq!(events[1]["evaluated_permission"], "ask");
+        assert_eq!(events[1]["evaluation"]["type"], "always_ask");
+        assert_eq!(events[2]["evaluated_permission"], "allow");
+        assert_eq!(events[4]["evaluated_permission"], "deny");
+        assert_eq!(
+            events[4]["input"],
+            json!({}),
+            "malformed input never reaches a worker"
+        );
+        assert_eq!(model_usage(&reply).input_tokens, 10);
+        assert_eq!(model_usage(&reply).cache_read_input_tokens, 0);
+    }
+}
