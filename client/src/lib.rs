@@ -5,16 +5,13 @@
 //! Retry policy (spec §3, §8): transport errors, 408, 409, 429 and 5xx are
 //! transient and retried with jittered exponential back-off; any other 4xx is
 //! final, and so is an answer carrying `x-should-retry: false`.
-//!
-//! Requests go through reqwest, except sending events, which takes a lean
-//! HTTP/1.1 path of its own (`lane`): it is the runner's request per tool
-//! call, and reqwest's per-request work showed in every call's latency.
 
-mod lane;
 mod sse;
 
 pub use sse::{EventStream, StreamFrame};
 
+use mango_protocol::events::{Event, SentEvent};
+use mango_protocol::sessions::Session;
 use mango_protocol::{
     Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work, NO_HEARTBEAT,
 };
@@ -22,7 +19,6 @@ use rand::Rng;
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The beta header every request carries.
@@ -45,9 +41,6 @@ pub enum ClientError {
     },
     #[error("transport: {0}")]
     Transport(#[from] reqwest::Error),
-    /// A transport failure on the lean path ([`lane`]).
-    #[error("transport: {0}")]
-    Connection(#[from] lane::LaneError),
     #[error("unexpected response: {0}")]
     Decode(String),
 }
@@ -71,7 +64,7 @@ impl ClientError {
     /// server said `x-should-retry: false`.
     pub fn is_transient(&self) -> bool {
         match self {
-            ClientError::Transport(_) | ClientError::Connection(_) => true,
+            ClientError::Transport(_) => true,
             ClientError::Decode(_) => false,
             ClientError::Api {
                 status,
@@ -142,9 +135,6 @@ pub struct Client {
     credential: String,
     /// `Bearer <credential>`, marked sensitive so it never shows in a Debug string.
     authorization: Option<reqwest::header::HeaderValue>,
-    /// The lean path for sending events (see [`lane`]); `None` when the base
-    /// URL or the credential does not suit it.
-    lane: Option<Arc<lane::Lane>>,
     retry: RetryPolicy,
 }
 
@@ -174,16 +164,9 @@ impl Client {
         let base_url = reqwest::Url::parse(&base)
             .ok()
             .filter(|u| !u.cannot_be_a_base());
-        let lane = match (&base_url, &authorization) {
-            (Some(url), Some(value)) if !proxy_configured() => {
-                lane::Lane::new(url, value).map(Arc::new)
-            }
-            _ => None,
-        };
         Client {
             http,
             base_url,
-            lane,
             base,
             credential: credential.to_string(),
             authorization,
@@ -479,7 +462,7 @@ impl Client {
 
     // ------------------------------------------------------------ sessions
 
-    pub async fn session(&self, session_id: &str) -> Result<Value> {
+    pub async fn session(&self, session_id: &str) -> Result<Session> {
         self.json(
             Method::GET,
             &format!("/v1/sessions/{session_id}"),
@@ -512,39 +495,20 @@ impl Client {
     }
 
     /// Every event of the Session, oldest first, following `next_page`.
-    pub async fn all_events(&self, session_id: &str) -> Result<Vec<Value>> {
+    pub async fn all_events(&self, session_id: &str) -> Result<Vec<Event>> {
         self.all_pages(&format!("/v1/sessions/{session_id}/events"), 1000)
             .await
     }
 
     /// Sends events; returns the stored (or, for a retried result, the original) events.
-    pub async fn send_events(&self, session_id: &str, events: Vec<Value>) -> Result<Vec<Value>> {
+    pub async fn send_events(&self, session_id: &str, events: &[SentEvent]) -> Result<Vec<Event>> {
         #[derive(serde::Deserialize)]
         struct Sent {
-            data: Option<Vec<Value>>,
+            data: Option<Vec<Event>>,
         }
         let path = format!("/v1/sessions/{session_id}/events");
         let body = json!({ "events": events });
-        let sent: Sent = match &self.lane {
-            Some(lane) if lane::Lane::carries(&path) => {
-                let bytes = serde_json::to_vec(&body)
-                    .map(bytes::Bytes::from)
-                    .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?;
-                let answer = self
-                    .retrying(&path, || async {
-                        let answer = lane.post_json(&path, bytes.clone()).await?;
-                        if answer.status.is_success() {
-                            Ok(answer)
-                        } else {
-                            Err(error_from(answer.status, &answer.headers, &answer.body))
-                        }
-                    })
-                    .await?;
-                serde_json::from_slice(&answer.body)
-                    .map_err(|e| ClientError::Decode(format!("{path}: {e}")))?
-            }
-            _ => self.json(Method::POST, &path, &[], Some(&body)).await?,
-        };
+        let sent: Sent = self.json(Method::POST, &path, &[], Some(&body)).await?;
         Ok(sent.data.unwrap_or_default())
     }
 
@@ -567,14 +531,6 @@ async fn api_error(resp: reqwest::Response) -> ClientError {
     let headers = resp.headers().clone();
     let bytes = resp.bytes().await.unwrap_or_default();
     error_from(status, &headers, &bytes)
-}
-
-/// Whether the environment names an HTTP proxy, which reqwest follows and
-/// the lane does not: then every request goes through reqwest.
-fn proxy_configured() -> bool {
-    ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }
 
 /// An error answer as a [`ClientError::Api`], from its envelope if it has one.

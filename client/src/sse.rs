@@ -5,12 +5,13 @@
 use crate::{ClientError, Result};
 use bytes::{Buf, BytesMut};
 use futures::StreamExt;
+use mango_protocol::events::Event;
 use serde_json::Value;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamFrame {
     /// A Session event (the `data` JSON, whose `type` the `event:` line repeats).
-    Event(Value),
+    Event(Event),
     Ping,
     /// A frame named `error`: the server reports a problem and the stream ends.
     Error(Value),
@@ -90,21 +91,28 @@ fn parse_frame(frame: &str) -> Option<Result<StreamFrame>> {
             ))))
         }
     };
-    Some(Ok(if name == "error" {
-        StreamFrame::Error(value)
-    } else {
-        StreamFrame::Event(value)
-    }))
+    if name == "error" {
+        return Some(Ok(StreamFrame::Error(value)));
+    }
+    Some(
+        serde_json::from_value(value)
+            .map(StreamFrame::Event)
+            .map_err(|e| ClientError::Decode(format!("stream frame {name}: not an event: {e}"))),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn event(v: Value) -> Event {
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn frames_split_on_blank_lines_of_any_style() {
         let mut buf = BytesMut::from(
-            &b"event: a\ndata: {\"x\":1}\n\nevent: ping\r\ndata: {}\r\n\r\nevent: b\ndata: {\"y\""
+            &b"event: a\ndata: {\"x\":1}\n\nevent: ping\r\ndata: {}\r\n\r\nevent: b\ndata: {\"id\":\"e\",\"type\":\"y\""
                 [..],
         );
         assert_eq!(take_frame(&mut buf).unwrap(), "event: a\ndata: {\"x\":1}");
@@ -114,12 +122,12 @@ mod tests {
             None,
             "an incomplete frame waits for more bytes"
         );
-        buf.extend_from_slice(b":2}\n\n");
+        buf.extend_from_slice(b"}\n\n");
         assert_eq!(
             parse_frame(&take_frame(&mut buf).unwrap())
                 .unwrap()
                 .unwrap(),
-            StreamFrame::Event(serde_json::json!({"y": 2}))
+            StreamFrame::Event(event(serde_json::json!({"id": "e", "type": "y"})))
         );
     }
 
@@ -141,12 +149,18 @@ mod tests {
             StreamFrame::Error(_)
         ));
         assert_eq!(
-            parse_frame("event: m\ndata: {\"a\":\ndata: 1}")
+            parse_frame("event: m\ndata: {\"id\": \"e\",\ndata: \"type\": \"session.deleted\"}")
                 .unwrap()
                 .unwrap(),
-            StreamFrame::Event(serde_json::json!({"a": 1})),
+            StreamFrame::Event(event(
+                serde_json::json!({"id": "e", "type": "session.deleted"})
+            )),
             "data lines join with newlines"
         );
         assert!(parse_frame("event: m\ndata: not json").unwrap().is_err());
+        assert!(
+            parse_frame("event: m\ndata: {\"a\": 1}").unwrap().is_err(),
+            "an event has an id and a type"
+        );
     }
 }
