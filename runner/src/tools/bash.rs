@@ -57,14 +57,20 @@
 //! (SIGTERM to the group, SIGKILL after a short grace); the next call starts
 //! a fresh shell and says so at the start of its output.
 
-use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use regex::Regex;
+use rustix::fs::{FallocateFlags, MemfdFlags, Mode, OFlags};
+use rustix::io::{Errno, FdFlags};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use rustix::process::{Pid, Signal};
+use rustix::pty::OpenptFlags;
+use rustix::termios::{LocalModes, OptionalActions, OutputModes, Winsize};
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -346,7 +352,8 @@ enum Outcome {
 
 struct Shell {
     child: Child,
-    pgid: i32,
+    /// The shell's process group, until the shell is reaped.
+    pgid: Option<Pid>,
     /// The shell's input: an in-memory file the runner appends each call's
     /// line to, at `script_end`.
     script: OwnedFd,
@@ -384,62 +391,39 @@ fn single_quoted(text: &str) -> String {
 
 impl Drop for Shell {
     fn drop(&mut self) {
-        if self.pgid > 0 {
-            // SAFETY: plain syscall; the group is ours.
-            unsafe {
-                libc::kill(-self.pgid, libc::SIGKILL);
-            }
+        if let Some(pgid) = self.pgid {
+            let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
         }
-    }
-}
-
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
     }
 }
 
 /// Opens a PTY pair: (master, slave), both close-on-exec.
 fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
-    // SAFETY: straightforward libc calls; every returned fd is owned at once.
-    unsafe {
-        let m = cvt(libc::posix_openpt(
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        ))?;
-        let master = OwnedFd::from_raw_fd(m);
-        cvt(libc::grantpt(m))?;
-        cvt(libc::unlockpt(m))?;
-        let mut name = [0 as libc::c_char; 128];
-        let rc = libc::ptsname_r(m, name.as_mut_ptr(), name.len());
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        let s = cvt(libc::open(
-            CStr::from_ptr(name.as_ptr()).as_ptr(),
-            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-        ))?;
-        let slave = OwnedFd::from_raw_fd(s);
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
 
-        // No output post-processing (keep "\n" as "\n"), no echo.
-        let mut t: libc::termios = std::mem::zeroed();
-        cvt(libc::tcgetattr(s, &mut t))?;
-        t.c_oflag &= !libc::OPOST;
-        t.c_lflag &= !(libc::ECHO | libc::ECHONL);
-        cvt(libc::tcsetattr(s, libc::TCSANOW, &t))?;
-        let ws = libc::winsize {
-            ws_row: 50,
-            ws_col: 200,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        cvt(libc::ioctl(m, libc::TIOCSWINSZ, &ws))?;
-
-        let flags = cvt(libc::fcntl(m, libc::F_GETFL))?;
-        cvt(libc::fcntl(m, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
-        Ok((master, slave))
-    }
+    // No output post-processing (keep "\n" as "\n"), no echo.
+    let mut t = rustix::termios::tcgetattr(&slave)?;
+    t.output_modes.remove(OutputModes::OPOST);
+    t.local_modes.remove(LocalModes::ECHO | LocalModes::ECHONL);
+    rustix::termios::tcsetattr(&slave, OptionalActions::Now, &t)?;
+    let ws = Winsize {
+        ws_row: 50,
+        ws_col: 200,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    rustix::termios::tcsetwinsize(&master, ws)?;
+    set_nonblocking(&master)?;
+    Ok((master, slave))
 }
 
 /// The framing socket pair, both ends close-on-exec. Sequenced packets, not
@@ -450,90 +434,78 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
 /// another vCPU's, just as the runner posts the result). A packet socket's
 /// reader is only woken for input.
 fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: socketpair fills both fds on success; each is owned at once.
-    unsafe {
-        cvt(libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        ))?;
-        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
-    }
+    Ok(rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: plain fcntl calls on an fd we own.
-    unsafe {
-        let flags = cvt(libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))?;
-        cvt(libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_SETFL,
-            flags | libc::O_NONBLOCK,
-        ))?;
-    }
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, flags | OFlags::NONBLOCK)?;
     Ok(())
 }
 
 /// `fd` moved above the shell's fd 99 (close-on-exec).
 fn above_inherited_fds(fd: OwnedFd) -> io::Result<OwnedFd> {
-    // SAFETY: the duplicate is owned at once; the original drops.
-    unsafe {
-        let moved = cvt(libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100))?;
-        Ok(OwnedFd::from_raw_fd(moved))
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, SENTINEL_FD + 1)?)
+}
+
+/// In the child, between fork and exec: `fd` duplicated onto the number
+/// `target` without close-on-exec, so the shell finds it there. Only system
+/// calls: no allocation, no lock.
+fn inherit_as(fd: BorrowedFd<'_>, target: RawFd) -> io::Result<()> {
+    // The lowest free number from `target` up: `target` itself when free.
+    let copy = rustix::io::fcntl_dupfd_cloexec(fd, target)?;
+    if copy.as_raw_fd() == target {
+        rustix::io::fcntl_setfd(&copy, FdFlags::empty())?;
+        // Left open for the shell.
+        let _ = copy.into_raw_fd();
+        return Ok(());
     }
+    drop(copy);
+    // SAFETY: F_DUPFD_CLOEXEC passed over `target`, so it is open: the
+    // child's copy of one of the runner's close-on-exec descriptors. The
+    // child is the fork's one thread and execs next, so nothing else uses or
+    // closes it, and ManuallyDrop never closes it here: dup2 only makes the
+    // number name `fd`'s file instead, without close-on-exec.
+    let mut taken = ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(target) });
+    rustix::io::dup2(fd, &mut taken)?;
+    Ok(())
 }
 
 /// The shell's input: an anonymous in-memory file, or where that is not
 /// allowed an unnamed file in the temporary directory (close-on-exec; the
 /// shell gets its own copy as stdin). Nothing of it is ever on a path.
 fn script_file() -> io::Result<OwnedFd> {
-    // SAFETY: memfd_create with a static name; the fd is owned at once.
-    let memfd = unsafe { libc::memfd_create(c"mango-bash-input".as_ptr(), libc::MFD_CLOEXEC) };
-    if memfd >= 0 {
-        // SAFETY: a fresh fd nobody else owns.
-        return Ok(unsafe { OwnedFd::from_raw_fd(memfd) });
+    match rustix::fs::memfd_create(c"mango-bash-input", MemfdFlags::CLOEXEC) {
+        Ok(memfd) => Ok(memfd),
+        Err(_) => unnamed_temp_file(&std::env::temp_dir()),
     }
-    unnamed_temp_file(&std::env::temp_dir())
 }
 
 /// A file in `dir` that has no name (`O_TMPFILE`), close-on-exec.
 fn unnamed_temp_file(dir: &std::path::Path) -> io::Result<OwnedFd> {
-    let dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::other("temporary directory path contains NUL"))?;
-    // SAFETY: a valid C path; the fd is owned at once.
-    unsafe {
-        let fd = cvt(libc::open(
-            dir.as_ptr(),
-            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
-            0o600,
-        ))?;
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
+    Ok(rustix::fs::open(
+        dir,
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::RUSR | Mode::WUSR,
+    )?)
 }
 
 /// Writes all of `data` at `offset`; returns the offset after it.
 fn write_at(fd: &OwnedFd, mut offset: u64, mut data: &[u8]) -> io::Result<u64> {
     while !data.is_empty() {
-        // SAFETY: data is valid for data.len() bytes.
-        let n = unsafe {
-            libc::pwrite(
-                fd.as_raw_fd(),
-                data.as_ptr().cast(),
-                data.len(),
-                offset as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
+        match rustix::io::pwrite(fd, data, offset) {
+            Ok(n) => {
+                data = &data[n..];
+                offset += n as u64;
             }
-            return Err(err);
+            Err(Errno::INTR) => continue,
+            Err(err) => return Err(err.into()),
         }
-        data = &data[n as usize..];
-        offset += n as u64;
     }
     Ok(offset)
 }
@@ -558,14 +530,8 @@ fn script_prologue(input: ScriptInput, program: &str) -> String {
     format!("{head}{padding}\n{WAIT_FOR_NEXT}\n")
 }
 
-fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: buf is valid for buf.len() bytes.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+fn read_fd(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::io::read(fd, buf)?)
 }
 
 impl Shell {
@@ -592,7 +558,6 @@ impl Shell {
             // Above the targets, so the dup2s below cannot be no-ops that
             // keep close-on-exec.
             let shell_end = above_inherited_fds(shell_end)?;
-            let shell_fd = shell_end.as_raw_fd();
             let script_copy = match input {
                 ScriptInput::Path => {
                     cmd.arg(format!("/proc/self/fd/{SCRIPT_FD}"))
@@ -604,27 +569,28 @@ impl Shell {
                     None
                 }
             };
-            let script_fd = script_copy.as_ref().map(|f| f.as_raw_fd());
             cmd.current_dir(&ctx.workspace)
                 .env_clear()
                 .envs(tool_env(&ctx.workspace))
                 .stdout(Stdio::from(slave.try_clone()?))
                 .stderr(Stdio::from(slave))
                 .kill_on_drop(true);
-            // SAFETY: only async-signal-safe calls between fork and exec.
+            // SAFETY: the closure runs in the forked child, where only
+            // async-signal-safe work is sound: it makes system calls through
+            // rustix (no allocation, no lock, no libc state) on descriptors it
+            // owns (moved in, dropped with `cmd`) or on the child's own
+            // descriptor table.
             unsafe {
                 cmd.pre_exec(move || {
-                    if libc::setsid() < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
+                    rustix::process::setsid()?;
                     // Make the PTY (already on fd 1) the controlling terminal.
-                    libc::ioctl(1, libc::TIOCSCTTY as _, 0);
-                    // The socket becomes the shell's fd 99 (dup2 clears
-                    // close-on-exec on the copy; the original keeps it).
-                    cvt(libc::dup2(shell_fd, SENTINEL_FD))?;
+                    let _ = rustix::process::ioctl_tiocsctty(rustix::stdio::stdout());
+                    // The socket becomes the shell's fd 99 (the copy loses
+                    // close-on-exec; the original keeps it).
+                    inherit_as(shell_end.as_fd(), SENTINEL_FD)?;
                     // The script by path: the shell opens it as fd 98.
-                    if let Some(fd) = script_fd {
-                        cvt(libc::dup2(fd, SCRIPT_FD))?;
+                    if let Some(script) = &script_copy {
+                        inherit_as(script.as_fd(), SCRIPT_FD)?;
                     }
                     Ok(())
                 });
@@ -633,7 +599,7 @@ impl Shell {
             // `cmd` and the originals drop here: only the shell holds its end
             // of the socket, so its death ends the socket too.
         };
-        let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+        let pgid = child.id().and_then(|p| Pid::from_raw(p as i32));
         // SAFETY: the OwnedFd moves into the AsyncFd, so its fd stays open and
         // unchanged for the AsyncFd's whole life.
         let markers = unsafe { AsyncFd::register_with_interest(markers, Interest::READABLE) }
@@ -659,25 +625,16 @@ impl Shell {
         if self.script_end - self.script_freed >= SCRIPT_FREE_EVERY {
             // Everything before the end has been read: the shell waits at
             // the end of the previous line. Offsets stay; memory goes.
-            // SAFETY: plain syscall on our own fd.
-            let freed = unsafe {
-                libc::fallocate(
-                    self.script.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    0,
-                    self.script_end as libc::off_t,
-                )
-            };
-            if freed == 0 {
+            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            if rustix::fs::fallocate(&self.script, punch, 0, self.script_end).is_ok() {
                 self.script_freed = self.script_end;
             }
         }
         self.script_end = write_at(&self.script, self.script_end, line.as_bytes())?;
-        // SAFETY: writes one byte from a valid buffer.
-        let n = unsafe { libc::write(self.markers.get_ref().as_raw_fd(), b"x".as_ptr().cast(), 1) };
-        match n {
-            1 => Ok(()),
-            _ => Err(io::Error::last_os_error()),
+        match rustix::io::write(self.markers.get_ref(), b"x") {
+            Ok(1) => Ok(()),
+            Ok(_) => Err(io::ErrorKind::WriteZero.into()),
+            Err(err) => Err(err.into()),
         }
     }
 
@@ -693,11 +650,11 @@ impl Shell {
     /// of the call's output.
     fn read_available(&mut self, mut take: impl FnMut(&[u8])) {
         while !self.eof {
-            match read_fd(self.master.as_raw_fd(), &mut self.pty_buf) {
+            match rustix::io::read(&self.master, &mut self.pty_buf[..]) {
                 Ok(0) => self.eof = true,
                 Ok(n) => take(&self.pty_buf[..n]),
-                Err(e) if e.raw_os_error() == Some(libc::EIO) => self.eof = true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(Errno::IO) => self.eof = true,
+                Err(Errno::INTR) => continue,
                 Err(_) => break,
             }
         }
@@ -767,6 +724,7 @@ impl Shell {
                 exited,
                 eof,
                 pty_buf,
+                master,
                 ..
             } = &mut *self;
             let mut shell_exited = false;
@@ -779,11 +737,11 @@ impl Shell {
                 _ = tokio::time::sleep_until(until.into()) => {
                     return Outcome::TimedOut { output: out.finish() };
                 }
-                r = read_chunk(markers, &mut marker_buf) => match r {
+                r = read_chunk(markers, markers.get_ref().as_fd(), &mut marker_buf) => match r {
                     Ok(0) | Err(_) => marker.ended = true,
                     Ok(n) => marker.push(&marker_buf[..n]),
                 },
-                r = read_watched(watched.as_ref(), pty_buf) => match r {
+                r = read_watched(watched.as_ref(), master, pty_buf) => match r {
                     Ok(0) | Err(_) => *eof = true,
                     Ok(n) => out.push(&pty_buf[..n]),
                 },
@@ -835,19 +793,14 @@ impl Shell {
 
     /// SIGTERM to the group, a short grace, then SIGKILL; reaps the shell.
     async fn close(mut self) {
-        if self.pgid > 0 {
-            // SAFETY: plain syscalls on our own process group.
-            unsafe {
-                libc::kill(-self.pgid, libc::SIGTERM);
-            }
+        if let Some(pgid) = self.pgid {
+            let _ = rustix::process::kill_process_group(pgid, Signal::TERM);
             if self.exited.is_none() {
                 if let Ok(Ok(status)) = tokio::time::timeout(KILL_GRACE, self.child.wait()).await {
                     self.exited = Some(exit_code(status));
                 }
             }
-            unsafe {
-                libc::kill(-self.pgid, libc::SIGKILL);
-            }
+            let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
         }
         if self.exited.is_none() {
             if let Ok(Ok(status)) =
@@ -858,19 +811,25 @@ impl Shell {
         }
         if self.exited.is_some() {
             // Reaped: the group id may be reused, so Drop must not signal it.
-            self.pgid = 0;
+            self.pgid = None;
         }
         // Drop closes the master and stdin.
     }
 }
 
-async fn read_chunk(fd: &AsyncFd<impl AsRawFd>, buf: &mut [u8]) -> io::Result<usize> {
+/// Waits until `fd` is readable and reads `from` (the descriptor `fd`
+/// watches) into `buf`.
+async fn read_chunk<T: AsRawFd>(
+    fd: &AsyncFd<T>,
+    from: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<usize> {
     loop {
         let mut guard = fd.readable().await?;
-        match guard.try_io(|inner| read_fd(inner.get_ref().as_raw_fd(), buf)) {
+        match guard.try_io(|_| read_fd(from, buf)) {
             Ok(Ok(n)) => return Ok(n),
             // Linux reports EIO on the master once no slave holder is left.
-            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
+            Ok(Err(e)) if e.raw_os_error() == Some(Errno::IO.raw_os_error()) => return Ok(0),
             Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
@@ -879,9 +838,13 @@ async fn read_chunk(fd: &AsyncFd<impl AsRawFd>, buf: &mut [u8]) -> io::Result<us
 }
 
 /// [`read_chunk`] of the PTY once it is watched; until then, never.
-async fn read_watched(pty: Option<&AsyncFd<RawFd>>, buf: &mut [u8]) -> io::Result<usize> {
+async fn read_watched(
+    pty: Option<&AsyncFd<RawFd>>,
+    master: &OwnedFd,
+    buf: &mut [u8],
+) -> io::Result<usize> {
     match pty {
-        Some(fd) => read_chunk(fd, buf).await,
+        Some(fd) => read_chunk(fd, master.as_fd(), buf).await,
         None => std::future::pending().await,
     }
 }
@@ -1015,7 +978,6 @@ mod tests {
         Shell,
     };
     use crate::tools::ToolContext;
-    use std::os::fd::AsRawFd;
     use std::time::{Duration, Instant};
     use tokio_util::sync::CancellationToken;
 
@@ -1055,6 +1017,38 @@ mod tests {
         }
     }
 
+    /// The shell gets the framing socket as fd 99 and its script as fd 98
+    /// also where the runner already has descriptors of its own there.
+    #[tokio::test]
+    async fn the_shell_gets_fds_98_and_99_even_where_the_runner_has_them_open() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // The lowest free numbers from 98 up: 98 and 99, unless taken already.
+        let _held = [
+            rustix::io::fcntl_dupfd_cloexec(&null, 98).unwrap(),
+            rustix::io::fcntl_dupfd_cloexec(&null, 98).unwrap(),
+        ];
+        for fd in [98, 99] {
+            assert!(std::fs::symlink_metadata(format!("/proc/self/fd/{fd}")).is_ok());
+        }
+        for input in [ScriptInput::Path, ScriptInput::Stdin] {
+            let dir = tempfile::tempdir().unwrap();
+            let ctx = ToolContext::new(dir.path());
+            let mut shell = Shell::spawn_reading(&ctx, script_file().unwrap(), input).unwrap();
+            assert_eq!(
+                run(&mut shell, "echo ok").await,
+                ("ok".to_string(), 0),
+                "{input:?}"
+            );
+            let pid = shell.child.id().unwrap();
+            let socket = std::fs::read_link(format!("/proc/{pid}/fd/99")).unwrap();
+            assert!(
+                socket.to_string_lossy().starts_with("socket:"),
+                "{socket:?}"
+            );
+            shell.close().await;
+        }
+    }
+
     /// The fallback input, where memfd_create is not allowed: a file with no
     /// name that takes appends at any offset and can be read back.
     #[test]
@@ -1065,9 +1059,8 @@ mod tests {
         let end = write_at(&fd, end, b"second\n").unwrap();
         assert_eq!(end, 13);
         let mut buf = [0u8; 32];
-        // SAFETY: buf is valid for its length.
-        let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        assert_eq!(&buf[..n as usize], b"first\nsecond\n");
+        let n = rustix::io::pread(&fd, &mut buf, 0).unwrap();
+        assert_eq!(&buf[..n], b"first\nsecond\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
