@@ -55,7 +55,7 @@ impl Drop for Shell {
     }
 }
 
-pub(super) fn exit_code(status: std::process::ExitStatus) -> i32 {
+fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status
         .code()
