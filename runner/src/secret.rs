@@ -31,13 +31,10 @@ pub enum SecretError {
 /// Makes the process non-dumpable (no core dumps, no ptrace or /proc/<pid>/mem
 /// or /environ access by other processes of the same user). Linux only.
 pub fn become_non_dumpable() -> std::io::Result<()> {
-    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integer arguments.
-    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    use rustix::process::{set_dumpable_behavior, DumpableBehavior};
+    // prctl(PR_SET_DUMPABLE, SUID_DUMP_DISABLE).
+    set_dumpable_behavior(DumpableBehavior::NotDumpable)?;
+    Ok(())
 }
 
 /// Reads the first line from `input` (the launcher closes stdin after it).
@@ -137,6 +134,28 @@ mod tests {
             sessions_token(&encode(r#"{"sessions_token":5}"#)),
             Err(SecretError::NoToken)
         );
+    }
+
+    /// Run in a child of the test binary, so the test process stays dumpable.
+    #[test]
+    fn the_process_becomes_non_dumpable() {
+        use rustix::process::{dumpable_behavior, DumpableBehavior};
+        const CHILD: &str = "MANGO_TEST_NON_DUMPABLE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            assert_eq!(dumpable_behavior().unwrap(), DumpableBehavior::Dumpable);
+            become_non_dumpable().unwrap();
+            assert_eq!(dumpable_behavior().unwrap(), DumpableBehavior::NotDumpable);
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "secret::tests::the_process_becomes_non_dumpable"])
+            .args(["--test-threads", "1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(stdout.contains("1 passed"), "{stdout}");
     }
 
     #[test]

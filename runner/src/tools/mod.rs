@@ -61,11 +61,16 @@ pub struct ToolOutput {
 }
 
 impl ToolOutput {
-    /// One text block; empty text becomes `(no output)`.
+    /// One text block; empty text becomes `(no output)`, and NUL (U+0000)
+    /// becomes U+FFFD: the Sessions API refuses NUL in strings, so a result
+    /// carrying one (`printf 'a\0b'`, a file with a NUL past the binary
+    /// check) could never be delivered and would jam the session.
     pub fn text(text: impl Into<String>, is_error: bool) -> Self {
         let mut text: String = text.into();
         if text.is_empty() {
             text = "(no output)".to_string();
+        } else if text.contains('\0') {
+            text = text.replace('\0', "\u{FFFD}");
         }
         Self {
             content: vec![json!({"type": "text", "text": text})],
@@ -320,5 +325,57 @@ impl<'a> Args<'a> {
             }
             Some(_) => Err(err()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ToolContext, ToolOutput, Toolset};
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    #[test]
+    fn nul_in_text_becomes_the_replacement_character() {
+        let out = ToolOutput::ok("a\0b\0");
+        assert_eq!(out.text_content(), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(
+            out.content,
+            vec![json!({"type": "text", "text": "a\u{FFFD}b\u{FFFD}"})]
+        );
+        assert_eq!(ToolOutput::error("\0").text_content(), "\u{FFFD}");
+        assert_eq!(ToolOutput::ok("plain").text_content(), "plain");
+    }
+
+    #[tokio::test]
+    async fn no_tool_output_carries_a_nul() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tools = Toolset::new(ToolContext::new(dir.path()));
+        let bash = tools
+            .run(
+                "bash",
+                &json!({"command": "printf 'a\\0b'"}),
+                CancellationToken::new(),
+            )
+            .await;
+        assert!(!bash.is_error, "{bash:?}");
+        assert_eq!(bash.text_content(), "a\u{FFFD}b");
+
+        // A NUL past the first 8 KiB is not taken for a binary file.
+        let mut content = "x".repeat(9000).into_bytes();
+        content.extend_from_slice(b"a\0b\n");
+        std::fs::write(dir.path().join("late-nul.txt"), &content).unwrap();
+        let path = dir.path().join("late-nul.txt");
+        let read = tools
+            .run(
+                "read",
+                &json!({"file_path": path}),
+                CancellationToken::new(),
+            )
+            .await;
+        assert!(!read.is_error, "{read:?}");
+        let text = read.text_content();
+        assert!(!text.contains('\0'));
+        assert!(text.contains("a\u{FFFD}b"), "{}", &text[text.len() - 20..]);
+        tools.shutdown().await;
     }
 }
