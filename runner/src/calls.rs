@@ -2,6 +2,7 @@
 //! any order and any number of times (stream and history overlap after a
 //! reconnect): pure, so the dispatch rules are testable without a server.
 
+use mango_protocol::events::{Confirmation, Event, EventBody, Permission};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -10,8 +11,8 @@ pub struct Call {
     pub id: String,
     pub name: String,
     pub input: Value,
-    /// `allow`, `ask` or `deny`; absent counts as allow, unknown as ask.
-    pub permission: String,
+    /// Absent counts as allow, unknown as ask.
+    pub permission: Permission,
     pub thread_id: Option<String>,
 }
 
@@ -45,70 +46,55 @@ pub struct Calls {
 
 impl Calls {
     /// Folds one event in; repeated events are ignored.
-    pub fn apply(&mut self, event: &Value) {
-        let Some(id) = event.get("id").and_then(Value::as_str) else {
-            return;
-        };
+    pub fn apply(&mut self, event: &Event) {
+        let id = event.id.as_str();
         if !self.seen_events.insert(id.to_string()) {
             return;
         }
-        let kind = event.get("type").and_then(Value::as_str).unwrap_or("");
-        let str_of = |k: &str| event.get(k).and_then(Value::as_str).map(str::to_string);
-        match kind {
-            "agent.tool_use" if self.answered.contains(id) => {}
-            "agent.tool_use" => {
+        match &event.body {
+            EventBody::AgentToolUse(_) if self.answered.contains(id) => {}
+            EventBody::AgentToolUse(call) => {
                 self.order += 1;
                 self.positions.insert(id.to_string(), self.order);
-                let permission = match event.get("evaluated_permission").and_then(Value::as_str) {
-                    None | Some("allow") => "allow",
-                    Some("deny") => "deny",
-                    Some(_) => "ask",
-                };
                 self.calls.insert(
                     self.order,
                     Call {
                         id: id.to_string(),
-                        name: str_of("name").unwrap_or_default(),
-                        input: event.get("input").cloned().unwrap_or(Value::Null),
-                        permission: permission.to_string(),
-                        thread_id: str_of("session_thread_id"),
+                        name: call.name.clone(),
+                        input: call.input.clone(),
+                        permission: call.permission(),
+                        thread_id: call.session_thread_id.clone(),
                     },
                 );
             }
-            "user.tool_result" => {
-                if let Some(call) = str_of("tool_use_id") {
-                    if let Some(position) = self.positions.remove(&call) {
-                        self.calls.remove(&position);
-                    }
-                    self.answered.insert(call);
+            EventBody::UserToolResult(result) => {
+                let call = &result.tool_use_id;
+                if let Some(position) = self.positions.remove(call) {
+                    self.calls.remove(&position);
                 }
+                self.answered.insert(call.clone());
             }
-            "user.tool_confirmation" => {
-                if let Some(call) = str_of("tool_use_id") {
-                    match str_of("result").as_deref() {
-                        Some("allow") => self.allowed.insert(call),
-                        _ => self.denied.insert(call),
-                    };
-                }
+            EventBody::UserToolConfirmation(c) => {
+                match c.result {
+                    Confirmation::Allow => self.allowed.insert(c.tool_use_id.clone()),
+                    Confirmation::Deny => self.denied.insert(c.tool_use_id.clone()),
+                };
             }
-            "session.thread_status_terminated" => {
-                if let Some(thread) = str_of("session_thread_id") {
-                    self.dead_threads.insert(thread);
-                }
+            EventBody::ThreadStatusTerminated(t) => {
+                self.dead_threads.insert(t.session_thread_id.clone());
             }
-            "session.status_terminated" | "session.deleted" => {
+            EventBody::SessionStatusTerminated | EventBody::SessionDeleted => {
                 self.over = Some(SessionOver::Terminated)
             }
             _ => {}
         }
         // The idle countdown (SDK rule): an end-of-turn idle starts it; any
         // other event stops it, except confirmations and thread terminations.
-        match kind {
-            "session.status_idle" => {
-                let stop = event.pointer("/stop_reason/type").and_then(Value::as_str);
-                self.idle_since_end_turn = stop != Some("requires_action");
+        match &event.body {
+            EventBody::SessionStatusIdle(idle) => {
+                self.idle_since_end_turn = idle.stop_reason.ends_turn();
             }
-            "user.tool_confirmation" | "session.thread_status_terminated" => {}
+            EventBody::UserToolConfirmation(_) | EventBody::ThreadStatusTerminated(_) => {}
             _ => self.idle_since_end_turn = false,
         }
     }
@@ -126,8 +112,8 @@ impl Calls {
                     && c.thread_id
                         .as_ref()
                         .is_none_or(|t| !self.dead_threads.contains(t))
-                    && (c.permission == "allow"
-                        || (c.permission == "ask" && self.allowed.contains(&c.id)))
+                    && (c.permission == Permission::Allow
+                        || (c.permission == Permission::Ask && self.allowed.contains(&c.id)))
             })
             .cloned()
     }
@@ -155,6 +141,17 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Folds a JSON event in, as the stream would deliver it.
+    trait ApplyJson {
+        fn apply_json(&mut self, event: Value);
+    }
+
+    impl ApplyJson for Calls {
+        fn apply_json(&mut self, event: Value) {
+            self.apply(&serde_json::from_value(event).expect("an event"));
+        }
+    }
+
     fn owns(name: &str) -> bool {
         ["bash", "read"].contains(&name)
     }
@@ -171,11 +168,11 @@ mod tests {
     #[test]
     fn permission_matrix() {
         let mut calls = Calls::default();
-        calls.apply(&tool_use("a", "bash", Some("allow")));
-        calls.apply(&tool_use("b", "bash", Some("ask")));
-        calls.apply(&tool_use("c", "bash", Some("deny")));
-        calls.apply(&tool_use("d", "bash", Some("something_new")));
-        calls.apply(&tool_use("e", "bash", None));
+        calls.apply_json(tool_use("a", "bash", Some("allow")));
+        calls.apply_json(tool_use("b", "bash", Some("ask")));
+        calls.apply_json(tool_use("c", "bash", Some("deny")));
+        calls.apply_json(tool_use("d", "bash", Some("something_new")));
+        calls.apply_json(tool_use("e", "bash", None));
         assert_eq!(calls.next_runnable(owns).unwrap().id, "a");
         calls.mark_started("a");
         assert_eq!(
@@ -185,8 +182,8 @@ mod tests {
         );
         calls.mark_started("e");
         assert!(calls.next_runnable(owns).is_none());
-        calls.apply(&json!({"id": "x1", "type": "user.tool_confirmation", "tool_use_id": "b", "result": "allow"}));
-        calls.apply(&json!({"id": "x2", "type": "user.tool_confirmation", "tool_use_id": "d", "result": "deny"}));
+        calls.apply_json(json!({"id": "x1", "type": "user.tool_confirmation", "tool_use_id": "b", "result": "allow"}));
+        calls.apply_json(json!({"id": "x2", "type": "user.tool_confirmation", "tool_use_id": "d", "result": "deny"}));
         assert_eq!(calls.next_runnable(owns).unwrap().id, "b");
         calls.mark_started("b");
         assert!(
@@ -198,15 +195,15 @@ mod tests {
     #[test]
     fn answered_unowned_and_dead_thread_calls_are_skipped_and_replays_are_harmless() {
         let mut calls = Calls::default();
-        calls.apply(&tool_use("a", "web_search", None));
-        calls.apply(&tool_use("b", "bash", None));
-        calls.apply(&json!({"id": "r", "type": "user.tool_result", "tool_use_id": "b"}));
+        calls.apply_json(tool_use("a", "web_search", None));
+        calls.apply_json(tool_use("b", "bash", None));
+        calls.apply_json(json!({"id": "r", "type": "user.tool_result", "tool_use_id": "b"}));
         let mut child = tool_use("c", "read", None);
         child["session_thread_id"] = json!("thr_1");
-        calls.apply(&child);
-        calls.apply(&json!({"id": "t", "type": "session.thread_status_terminated", "session_thread_id": "thr_1"}));
+        calls.apply_json(child);
+        calls.apply_json(json!({"id": "t", "type": "session.thread_status_terminated", "session_thread_id": "thr_1"}));
         // History replayed after a reconnect changes nothing.
-        calls.apply(&tool_use("b", "bash", None));
+        calls.apply_json(tool_use("b", "bash", None));
         assert!(calls.next_runnable(owns).is_none());
     }
 
@@ -215,17 +212,16 @@ mod tests {
         let mut calls = Calls::default();
         for i in 0..1000 {
             let id = format!("call{i}");
-            calls.apply(&tool_use(&id, "bash", None));
+            calls.apply_json(tool_use(&id, "bash", None));
             assert_eq!(calls.next_runnable(owns).unwrap().id, id);
             calls.mark_started(&id);
-            calls.apply(
-                &json!({"id": format!("res{i}"), "type": "user.tool_result", "tool_use_id": id}),
+            calls.apply_json(json!({"id": format!("res{i}"), "type": "user.tool_result", "tool_use_id": id}),
             );
         }
         assert_eq!(calls.unanswered(), 0);
         // A result read before its call (history after a reconnect) keeps the call out.
-        calls.apply(&json!({"id": "early", "type": "user.tool_result", "tool_use_id": "late"}));
-        calls.apply(&tool_use("late", "bash", None));
+        calls.apply_json(json!({"id": "early", "type": "user.tool_result", "tool_use_id": "late"}));
+        calls.apply_json(tool_use("late", "bash", None));
         assert_eq!(calls.unanswered(), 0);
         assert!(calls.next_runnable(owns).is_none());
     }
@@ -233,21 +229,20 @@ mod tests {
     #[test]
     fn idle_countdown_and_termination() {
         let mut calls = Calls::default();
-        calls.apply(&json!({"id": "1", "type": "session.status_idle", "stop_reason": {"type": "requires_action"}}));
+        calls.apply_json(json!({"id": "1", "type": "session.status_idle", "stop_reason": {"type": "requires_action"}}));
         assert!(!calls.is_idle_after_end_turn());
-        calls.apply(
-            &json!({"id": "2", "type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+        calls.apply_json(json!({"id": "2", "type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
         );
         assert!(calls.is_idle_after_end_turn());
-        calls.apply(&json!({"id": "3", "type": "user.tool_confirmation", "tool_use_id": "z", "result": "allow"}));
+        calls.apply_json(json!({"id": "3", "type": "user.tool_confirmation", "tool_use_id": "z", "result": "allow"}));
         assert!(
             calls.is_idle_after_end_turn(),
             "confirmations leave the countdown alone"
         );
-        calls.apply(&json!({"id": "4", "type": "user.message"}));
+        calls.apply_json(json!({"id": "4", "type": "user.message"}));
         assert!(!calls.is_idle_after_end_turn());
         assert_eq!(calls.over(), None);
-        calls.apply(&json!({"id": "5", "type": "session.status_terminated"}));
+        calls.apply_json(json!({"id": "5", "type": "session.status_terminated"}));
         assert_eq!(calls.over(), Some(SessionOver::Terminated));
     }
 }

@@ -10,7 +10,8 @@
 //! pin ends the Work this way, loudly, rather than silently missing.
 
 use mango_client::{Client, ClientError};
-use serde_json::Value;
+use mango_protocol::agents::SkillKind;
+use mango_protocol::sessions::{Session, SessionResource};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrepareError {
@@ -44,31 +45,24 @@ impl std::fmt::Display for Pinned {
 
 /// What the snapshot (`GET /v1/sessions/{id}`) pins that the runner must stage:
 /// custom Skills (Anthropic Skills live with the model) and Memory Stores.
-pub fn pinned_inputs(session: &Value) -> Vec<Pinned> {
-    let mut pinned = Vec::new();
-    for skill in session["agent"]["skills"].as_array().into_iter().flatten() {
-        if skill["type"] != "custom" {
-            continue;
-        }
-        let Some(skill_id) = skill["skill_id"].as_str() else {
-            continue;
-        };
-        pinned.push(Pinned::Skill {
-            skill_id: skill_id.to_string(),
-            version: skill["version"].as_str().unwrap_or("latest").to_string(),
+pub fn pinned_inputs(session: &Session) -> Vec<Pinned> {
+    let skills = session
+        .agent
+        .definition
+        .skills
+        .iter()
+        .filter(|s| s.kind == SkillKind::Custom)
+        .map(|s| Pinned::Skill {
+            skill_id: s.skill_id.clone(),
+            version: s.version.clone(),
         });
-    }
-    for resource in session["resources"].as_array().into_iter().flatten() {
-        if resource["type"] != "memory_store" {
-            continue;
-        }
-        if let Some(id) = resource["memory_store_id"].as_str() {
-            pinned.push(Pinned::MemoryStore {
-                memory_store_id: id.to_string(),
-            });
-        }
-    }
-    pinned
+    let stores = session.resources.iter().filter_map(|r| match r {
+        SessionResource::MemoryStore(m) => Some(Pinned::MemoryStore {
+            memory_store_id: m.memory_store_id.clone(),
+        }),
+        _ => None,
+    });
+    skills.chain(stores).collect()
 }
 
 /// How a failed retrieval of `what` counts.
@@ -162,19 +156,36 @@ mod tests {
         assert!(long.ends_with('…'));
     }
 
+    fn session(skills: serde_json::Value, resources: serde_json::Value) -> Session {
+        serde_json::from_value(json!({
+            "id": "sesn_1", "type": "session", "status": "idle", "environment_id": "env_1",
+            "agent": {"type": "agent", "id": "agent_1", "version": 1, "name": "a",
+                      "description": null, "system": null,
+                      "model": {"id": "m", "effort": null, "inference_geo": null, "speed": "standard"},
+                      "tools": [], "skills": skills, "mcp_servers": [],
+                      "execution_identity": {"type": "service_account"}, "multiagent": null},
+            "resources": resources, "metadata": {}, "title": null, "outcome_evaluations": [],
+            "stats": {"active_seconds": null, "duration_seconds": null}, "usage": {},
+            "vault_ids": [], "budget": null, "deployment_id": null,
+            "created_at": "2026-12-01T00:00:00.000000Z", "updated_at": "2026-12-01T00:00:00.000000Z",
+            "archived_at": null
+        }))
+        .expect("a Session")
+    }
+
     #[test]
     fn custom_skills_and_memory_stores_are_what_gets_staged() {
-        let session = json!({
-            "agent": {"skills": [
-                {"type": "anthropic", "skill_id": "pdf", "version": null},
+        let session = session(
+            json!([
+                {"type": "anthropic", "skill_id": "pdf", "version": "latest"},
                 {"type": "custom", "skill_id": "skill_1", "version": "3"},
-                {"type": "custom", "skill_id": "skill_2", "version": null}
-            ]},
-            "resources": [
+                {"type": "custom", "skill_id": "skill_2", "version": "latest"}
+            ]),
+            json!([
                 {"type": "file", "file_id": "file_1"},
                 {"type": "memory_store", "memory_store_id": "memstore_1", "access": "read_only"}
-            ]
-        });
+            ]),
+        );
         assert_eq!(
             pinned_inputs(&session),
             vec![
@@ -191,7 +202,7 @@ mod tests {
                 },
             ]
         );
-        assert!(pinned_inputs(&json!({"agent": {}, "resources": []})).is_empty());
+        assert!(pinned_inputs(&self::session(json!([]), json!([]))).is_empty());
     }
 
     #[test]

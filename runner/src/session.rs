@@ -8,7 +8,7 @@
 use crate::calls::{Call, Calls};
 use crate::tools::{ToolOutput, Toolset};
 use mango_client::{Client, StreamFrame};
-use serde_json::json;
+use mango_protocol::events::{SentEvent, UserToolResult};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -91,14 +91,14 @@ pub async fn run(
                 if lost.is_cancelled() {
                     return SessionEnd::LeaseEnded;
                 }
-                let result = json!({
-                    "type": "user.tool_result",
-                    "tool_use_id": call.id,
-                    "content": output.content,
-                    "is_error": output.is_error,
+                let result = SentEvent::UserToolResult(UserToolResult {
+                    tool_use_id: call.id.clone(),
+                    content: Some(output.content),
+                    is_error: Some(output.is_error),
+                    session_thread_id: None,
                 });
                 // Results are idempotent by call id, so the client's retries are safe.
-                match client.send_events(session_id, vec![result]).await {
+                match client.send_events(session_id, &[result]).await {
                     Ok(_) => tracing::info!(
                         session_id,
                         call_id = %call.id,

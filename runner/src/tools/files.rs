@@ -5,80 +5,32 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use base64::Engine;
-use serde_json::{json, Value};
+use mango_protocol::content::{ContentBlock, DocumentSource, ImageSource};
 
 use super::paths::{self, Access};
-use super::{Args, ToolContext, ToolOutput};
+use super::{ToolContext, ToolOutput};
+use mango_protocol::tools::{EditInput, ReadInput, WriteInput};
 
 /// Image `read` cap: 5 MiB of base64, i.e. 3 932 160 raw bytes.
 pub const MAX_IMAGE_BYTES: u64 = 3_932_160;
 /// PDF `read` cap: 20 MiB raw.
 pub const MAX_PDF_BYTES: u64 = 20 * 1024 * 1024;
 
-#[derive(Debug)]
-pub struct ReadArgs {
-    pub file_path: String,
-    pub view_range: Option<(i64, i64)>,
+/// Which block a file the model should see (not read as text) becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MediaKind {
+    Image,
+    Document,
 }
 
-impl ReadArgs {
-    pub fn parse(input: &Value) -> Result<Self, String> {
-        let a = Args::new("read", input, &["file_path", "view_range"])?;
-        Ok(Self {
-            file_path: a.str_req("file_path")?,
-            view_range: a.int_pair_opt("view_range")?,
-        })
-    }
-}
-
-#[derive(Debug)]
-pub struct WriteArgs {
-    pub file_path: String,
-    pub content: String,
-}
-
-impl WriteArgs {
-    pub fn parse(input: &Value) -> Result<Self, String> {
-        let a = Args::new("write", input, &["file_path", "content"])?;
-        Ok(Self {
-            file_path: a.str_req("file_path")?,
-            content: a.str_req("content")?,
-        })
-    }
-}
-
-#[derive(Debug)]
-pub struct EditArgs {
-    pub file_path: String,
-    pub old_string: String,
-    pub new_string: String,
-    pub replace_all: bool,
-}
-
-impl EditArgs {
-    pub fn parse(input: &Value) -> Result<Self, String> {
-        let a = Args::new(
-            "edit",
-            input,
-            &["file_path", "old_string", "new_string", "replace_all"],
-        )?;
-        Ok(Self {
-            file_path: a.str_req("file_path")?,
-            old_string: a.str_req("old_string")?,
-            new_string: a.str_req("new_string")?,
-            replace_all: a.bool_opt("replace_all")?.unwrap_or(false),
-        })
-    }
-}
-
-fn media_type(path: &Path) -> Option<(&'static str, &'static str)> {
+fn media_type(path: &Path) -> Option<(MediaKind, &'static str)> {
     let ext = path.extension()?.to_str()?.to_ascii_lowercase();
     Some(match ext.as_str() {
-        "png" => ("image", "image/png"),
-        "jpg" | "jpeg" => ("image", "image/jpeg"),
-        "gif" => ("image", "image/gif"),
-        "webp" => ("image", "image/webp"),
-        "pdf" => ("document", "application/pdf"),
+        "png" => (MediaKind::Image, "image/png"),
+        "jpg" | "jpeg" => (MediaKind::Image, "image/jpeg"),
+        "gif" => (MediaKind::Image, "image/gif"),
+        "webp" => (MediaKind::Image, "image/webp"),
+        "pdf" => (MediaKind::Document, "application/pdf"),
         _ => return None,
     })
 }
@@ -114,14 +66,14 @@ fn looks_binary(bytes: &[u8]) -> bool {
     bytes[..bytes.len().min(8192)].contains(&0)
 }
 
-pub fn read(ctx: &ToolContext, a: ReadArgs) -> ToolOutput {
+pub fn read(ctx: &ToolContext, a: ReadInput) -> ToolOutput {
     match read_inner(ctx, &a) {
         Ok(out) => out,
         Err(msg) => ToolOutput::error(msg),
     }
 }
 
-fn read_inner(ctx: &ToolContext, a: &ReadArgs) -> Result<ToolOutput, String> {
+fn read_inner(ctx: &ToolContext, a: &ReadInput) -> Result<ToolOutput, String> {
     let raw = a.file_path.as_str();
     let path = paths::resolve(ctx, "read", raw, Access::Read)?;
     let meta = regular_file("read", raw, &path)?;
@@ -131,7 +83,7 @@ fn read_inner(ctx: &ToolContext, a: &ReadArgs) -> Result<ToolOutput, String> {
         if a.view_range.is_some() {
             return Err("read: view_range is not supported for image/PDF files".into());
         }
-        let cap = if kind == "image" {
+        let cap = if kind == MediaKind::Image {
             MAX_IMAGE_BYTES
         } else {
             MAX_PDF_BYTES
@@ -143,11 +95,19 @@ fn read_inner(ctx: &ToolContext, a: &ReadArgs) -> Result<ToolOutput, String> {
         }
         let bytes = fs::read(&path).map_err(|e| format!("read: {raw}: {}", fs_reason(&e)))?;
         let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+        let media_type = mime.to_string();
+        let block = match kind {
+            MediaKind::Image => ContentBlock::Image {
+                source: ImageSource::Base64 { data, media_type },
+            },
+            MediaKind::Document => ContentBlock::Document {
+                source: DocumentSource::Base64 { data, media_type },
+                title: None,
+                context: None,
+            },
+        };
         return Ok(ToolOutput {
-            content: vec![json!({
-                "type": kind,
-                "source": {"type": "base64", "media_type": mime, "data": data},
-            })],
+            content: vec![block],
             is_error: false,
         });
     }
@@ -242,7 +202,7 @@ fn read_range(raw: &str, path: &Path, start: i64, end: i64, max: u64) -> Result<
     Ok(out)
 }
 
-pub fn write(ctx: &ToolContext, a: WriteArgs) -> ToolOutput {
+pub fn write(ctx: &ToolContext, a: WriteInput) -> ToolOutput {
     let raw = a.file_path.as_str();
     let path = match paths::resolve(ctx, "write", raw, Access::Write) {
         Ok(p) => p,
@@ -265,14 +225,14 @@ pub fn write(ctx: &ToolContext, a: WriteArgs) -> ToolOutput {
     ))
 }
 
-pub fn edit(ctx: &ToolContext, a: EditArgs) -> ToolOutput {
+pub fn edit(ctx: &ToolContext, a: EditInput) -> ToolOutput {
     match edit_inner(ctx, &a) {
         Ok(out) => out,
         Err(msg) => ToolOutput::error(msg),
     }
 }
 
-fn edit_inner(ctx: &ToolContext, a: &EditArgs) -> Result<ToolOutput, String> {
+fn edit_inner(ctx: &ToolContext, a: &EditInput) -> Result<ToolOutput, String> {
     let raw = a.file_path.as_str();
     let path = paths::resolve(ctx, "edit", raw, Access::Write)?;
     let meta = regular_file("edit", raw, &path)?;

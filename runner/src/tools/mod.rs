@@ -13,11 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use mango_protocol::tools::{ToolInput, ToolName};
+use mango_protocol::content::ContentBlock;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-
-/// The six tool names, in their canonical order.
-pub const TOOL_NAMES: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
 
 /// Default whole-file cap for `read` / `edit`.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 262_144;
@@ -55,8 +54,8 @@ impl ToolContext {
 /// The result of one tool call, already in the Sessions content-block shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolOutput {
-    /// `{"type":"text","text":…}`, `image` or `document` blocks.
-    pub content: Vec<Value>,
+    /// Text, image or document blocks.
+    pub content: Vec<ContentBlock>,
     pub is_error: bool,
 }
 
@@ -73,7 +72,7 @@ impl ToolOutput {
             text = text.replace('\0', "\u{FFFD}");
         }
         Self {
-            content: vec![json!({"type": "text", "text": text})],
+            content: vec![ContentBlock::text(text)],
             is_error,
         }
     }
@@ -90,7 +89,7 @@ impl ToolOutput {
     pub fn text_content(&self) -> String {
         self.content
             .iter()
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .filter_map(ContentBlock::as_text)
             .collect::<Vec<_>>()
             .join("")
     }
@@ -147,7 +146,7 @@ impl Toolset {
 
     /// Whether `name` is one of the six workspace tools.
     pub fn owns(name: &str) -> bool {
-        TOOL_NAMES.contains(&name)
+        ToolName::parse(name).is_some()
     }
 
     pub fn context(&self) -> &ToolContext {
@@ -163,44 +162,20 @@ impl Toolset {
         cancel: CancellationToken,
     ) -> ToolOutput {
         let deadline = Instant::now() + self.ctx.tool_deadline;
-        match name {
-            "bash" => self.bash.run(input, deadline, cancel).await,
-            "read" | "write" | "edit" | "glob" | "grep" => {
-                let job = match BlockingJob::parse(name, input) {
-                    Ok(job) => job,
-                    Err(msg) => return ToolOutput::error(msg),
-                };
-                run_blocking(name, job, self.ctx.clone(), deadline, cancel).await
-            }
-            other => ToolOutput::error(format!("unknown tool '{other}'")),
-        }
+        let Some(tool) = ToolName::parse(name) else {
+            return ToolOutput::error(format!("unknown tool '{name}'"));
+        };
+        let job = match ToolInput::parse(tool, input) {
+            Ok(ToolInput::Bash(args)) => return self.bash.run(args, deadline, cancel).await,
+            Ok(file_or_search) => file_or_search,
+            Err(msg) => return ToolOutput::error(msg),
+        };
+        run_blocking(tool, job, self.ctx.clone(), deadline, cancel).await
     }
 
     /// Kills the shell (if any).
     pub async fn shutdown(&mut self) {
         self.bash.shutdown().await;
-    }
-}
-
-/// A parsed file/search call, ready to run on a blocking thread.
-enum BlockingJob {
-    Read(files::ReadArgs),
-    Write(files::WriteArgs),
-    Edit(files::EditArgs),
-    Glob(search::GlobArgs),
-    Grep(search::GrepArgs),
-}
-
-impl BlockingJob {
-    fn parse(name: &str, input: &Value) -> Result<Self, String> {
-        Ok(match name {
-            "read" => Self::Read(files::ReadArgs::parse(input)?),
-            "write" => Self::Write(files::WriteArgs::parse(input)?),
-            "edit" => Self::Edit(files::EditArgs::parse(input)?),
-            "glob" => Self::Glob(search::GlobArgs::parse(input)?),
-            "grep" => Self::Grep(search::GrepArgs::parse(input)?),
-            other => return Err(format!("unknown tool '{other}'")),
-        })
     }
 }
 
@@ -217,21 +192,24 @@ impl StopFlag {
     }
 }
 
+/// A file or search call, on a blocking thread.
 async fn run_blocking(
-    name: &str,
-    job: BlockingJob,
+    tool: ToolName,
+    job: ToolInput,
     ctx: Arc<ToolContext>,
     deadline: Instant,
     cancel: CancellationToken,
 ) -> ToolOutput {
     let stop = StopFlag::default();
     let stop2 = stop.clone();
+    let name = tool.as_str();
     let handle = tokio::task::spawn_blocking(move || match job {
-        BlockingJob::Read(a) => files::read(&ctx, a),
-        BlockingJob::Write(a) => files::write(&ctx, a),
-        BlockingJob::Edit(a) => files::edit(&ctx, a),
-        BlockingJob::Glob(a) => search::glob(&ctx, a, &stop2),
-        BlockingJob::Grep(a) => search::grep(&ctx, a, &stop2),
+        ToolInput::Read(a) => files::read(&ctx, a),
+        ToolInput::Write(a) => files::write(&ctx, a),
+        ToolInput::Edit(a) => files::edit(&ctx, a),
+        ToolInput::Glob(a) => search::glob(&ctx, a, &stop2),
+        ToolInput::Grep(a) => search::grep(&ctx, a, &stop2),
+        ToolInput::Bash(_) => ToolOutput::error("bash runs in its shell, not here"),
     });
     tokio::select! {
         res = handle => match res {
@@ -249,85 +227,6 @@ async fn run_blocking(
     }
 }
 
-/// Strict argument access: rejects non-objects, unknown keys and wrong types.
-pub(crate) struct Args<'a> {
-    tool: &'static str,
-    map: &'a Map<String, Value>,
-}
-
-impl<'a> Args<'a> {
-    pub(crate) fn new(
-        tool: &'static str,
-        input: &'a Value,
-        allowed: &[&str],
-    ) -> Result<Self, String> {
-        let map = input
-            .as_object()
-            .ok_or_else(|| format!("{tool}: input must be a JSON object"))?;
-        let mut keys: Vec<&String> = map.keys().collect();
-        keys.sort();
-        if let Some(k) = keys.into_iter().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(format!("{tool}: unknown field \"{k}\""));
-        }
-        Ok(Self { tool, map })
-    }
-
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    pub(crate) fn str_opt(&self, key: &str) -> Result<Option<String>, String> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(format!("{}: field \"{key}\" must be a string", self.tool)),
-        }
-    }
-
-    pub(crate) fn str_req(&self, key: &str) -> Result<String, String> {
-        self.str_opt(key)?
-            .ok_or_else(|| format!("{}: {key} is required", self.tool))
-    }
-
-    pub(crate) fn bool_opt(&self, key: &str) -> Result<Option<bool>, String> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(format!("{}: field \"{key}\" must be a boolean", self.tool)),
-        }
-    }
-
-    pub(crate) fn u64_opt(&self, key: &str) -> Result<Option<u64>, String> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                format!(
-                    "{}: field \"{key}\" must be a non-negative integer",
-                    self.tool
-                )
-            }),
-        }
-    }
-
-    pub(crate) fn int_pair_opt(&self, key: &str) -> Result<Option<(i64, i64)>, String> {
-        let err = || {
-            format!(
-                "{}: field \"{key}\" must be an array of two integers",
-                self.tool
-            )
-        };
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Array(a)) if a.len() == 2 => {
-                let s = a[0].as_i64().ok_or_else(err)?;
-                let e = a[1].as_i64().ok_or_else(err)?;
-                Ok(Some((s, e)))
-            }
-            Some(_) => Err(err()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::{ToolContext, ToolOutput, Toolset};
@@ -339,8 +238,8 @@ mod tests {
         let out = ToolOutput::ok("a\0b\0");
         assert_eq!(out.text_content(), "a\u{FFFD}b\u{FFFD}");
         assert_eq!(
-            out.content,
-            vec![json!({"type": "text", "text": "a\u{FFFD}b\u{FFFD}"})]
+            serde_json::to_value(&out.content).unwrap(),
+            json!([{"type": "text", "text": "a\u{FFFD}b\u{FFFD}"}])
         );
         assert_eq!(ToolOutput::error("\0").text_content(), "\u{FFFD}");
         assert_eq!(ToolOutput::ok("plain").text_content(), "plain");

@@ -7,11 +7,11 @@ use std::time::SystemTime;
 
 use globset::GlobBuilder;
 use regex::bytes::RegexBuilder;
-use serde_json::Value;
 use walkdir::WalkDir;
 
 use super::paths::{self, Access};
-use super::{Args, StopFlag, ToolContext, ToolOutput};
+use super::{StopFlag, ToolContext, ToolOutput};
+use mango_protocol::tools::{GlobInput, GrepInput};
 
 /// At most this many glob results are returned.
 pub const GLOB_RESULT_LIMIT: usize = 200;
@@ -22,38 +22,6 @@ pub const GREP_OUTPUT_LIMIT: usize = 102_400;
 /// grep skips lines longer than this (ReDoS guard).
 pub const GREP_MAX_LINE_LENGTH: usize = 2000;
 
-#[derive(Debug)]
-pub struct GlobArgs {
-    pub pattern: String,
-    pub path: Option<String>,
-}
-
-impl GlobArgs {
-    pub fn parse(input: &Value) -> Result<Self, String> {
-        let a = Args::new("glob", input, &["pattern", "path"])?;
-        Ok(Self {
-            pattern: a.str_req("pattern")?,
-            path: a.str_opt("path")?,
-        })
-    }
-}
-
-#[derive(Debug)]
-pub struct GrepArgs {
-    pub pattern: String,
-    pub path: Option<String>,
-}
-
-impl GrepArgs {
-    pub fn parse(input: &Value) -> Result<Self, String> {
-        let a = Args::new("grep", input, &["pattern", "path"])?;
-        Ok(Self {
-            pattern: a.str_req("pattern")?,
-            path: a.str_opt("path")?,
-        })
-    }
-}
-
 fn search_root(ctx: &ToolContext, tool: &str, path: Option<&str>) -> Result<PathBuf, String> {
     match path {
         None => Ok(paths::resolve(ctx, tool, ".", Access::Read)?),
@@ -61,14 +29,14 @@ fn search_root(ctx: &ToolContext, tool: &str, path: Option<&str>) -> Result<Path
     }
 }
 
-pub fn glob(ctx: &ToolContext, a: GlobArgs, stop: &StopFlag) -> ToolOutput {
+pub fn glob(ctx: &ToolContext, a: GlobInput, stop: &StopFlag) -> ToolOutput {
     match glob_inner(ctx, &a, stop) {
         Ok(out) => out,
         Err(msg) => ToolOutput::error(msg),
     }
 }
 
-fn glob_inner(ctx: &ToolContext, a: &GlobArgs, stop: &StopFlag) -> Result<ToolOutput, String> {
+fn glob_inner(ctx: &ToolContext, a: &GlobInput, stop: &StopFlag) -> Result<ToolOutput, String> {
     if a.pattern.is_empty() {
         return Err("glob: pattern is required".into());
     }
@@ -139,7 +107,7 @@ fn glob_inner(ctx: &ToolContext, a: &GlobArgs, stop: &StopFlag) -> Result<ToolOu
     Ok(ToolOutput::ok(lines.join("\n")))
 }
 
-pub fn grep(ctx: &ToolContext, a: GrepArgs, stop: &StopFlag) -> ToolOutput {
+pub fn grep(ctx: &ToolContext, a: GrepInput, stop: &StopFlag) -> ToolOutput {
     match grep_inner(ctx, &a, stop) {
         Ok(out) => out,
         Err(msg) => ToolOutput::error(msg),
@@ -150,7 +118,7 @@ fn is_skipped_dir(name: &std::ffi::OsStr) -> bool {
     name == ".git" || name == "node_modules"
 }
 
-fn grep_inner(ctx: &ToolContext, a: &GrepArgs, stop: &StopFlag) -> Result<ToolOutput, String> {
+fn grep_inner(ctx: &ToolContext, a: &GrepInput, stop: &StopFlag) -> Result<ToolOutput, String> {
     if a.pattern.is_empty() {
         return Err("grep: pattern is required".into());
     }

@@ -32,11 +32,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
-use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
-use super::{Args, ToolContext, ToolOutput};
+use super::{ToolContext, ToolOutput};
+use mango_protocol::tools::BashInput;
 pub use output::clean_output;
 use shell::{Outcome, Shell};
 
@@ -44,23 +44,6 @@ use shell::{Outcome, Shell};
 pub const BASH_OUTPUT_LIMIT: usize = 100 * 1024;
 /// Per-call timeout when `timeout_ms` is absent or zero.
 pub const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-
-struct BashArgs {
-    command: Option<String>,
-    restart: bool,
-    timeout_ms: Option<u64>,
-}
-
-impl BashArgs {
-    fn parse(input: &Value) -> Result<Self, String> {
-        let a = Args::new("bash", input, &["command", "restart", "timeout_ms"])?;
-        Ok(Self {
-            command: a.str_opt("command")?,
-            restart: a.bool_opt("restart")?.unwrap_or(false),
-            timeout_ms: a.u64_opt("timeout_ms")?,
-        })
-    }
-}
 
 /// The persistent shell of one session.
 pub struct BashSession {
@@ -97,14 +80,10 @@ impl BashSession {
 
     pub async fn run(
         &mut self,
-        input: &Value,
+        args: BashInput,
         deadline: Instant,
         cancel: CancellationToken,
     ) -> ToolOutput {
-        let args = match BashArgs::parse(input) {
-            Ok(a) => a,
-            Err(msg) => return ToolOutput::error(msg),
-        };
         let mut prefix = String::new();
         if args.restart {
             self.shutdown().await;
