@@ -10,7 +10,6 @@ pub mod error;
 pub mod event_shapes;
 pub mod extract;
 pub mod feed;
-pub mod fixtures;
 pub mod ids;
 pub mod lease;
 pub mod metadata;

@@ -3,8 +3,7 @@
 //! Work stopped makes a new activation; concurrency; atomicity under an
 //! injected failure; the permission barrier; and Fail terminating the Session.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use mango_api::admission::append_agent_events;
 use reqwest::Method;

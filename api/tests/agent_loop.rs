@@ -1,10 +1,9 @@
 //! The agent loop against a scripted model endpoint, on PostgreSQL.
-mod common;
-use common::turns::{idle_with, say, session_with_tools, types, until};
-use common::TestApp;
 use mango_api::context::Secret;
-use mango_api::fixtures::{model_reply, ScriptedModel};
 use mango_api::Settings;
+use mango_testkit::turns::{idle_with, say, session_with_tools, types, until};
+use mango_testkit::TestApp;
+use mango_testkit::{model_reply, ScriptedModel};
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

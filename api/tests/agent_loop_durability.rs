@@ -1,12 +1,11 @@
 //! The agent loop survives restarts and replicas (spec §6): an in-flight model
 //! call is resumed, a stored reply is never requested again, one replica
 //! drives a Session at a time, and an interrupt ends a turn that waits for tools.
-mod common;
-use common::turns::{idle_with, say, session_with_tools, types, until};
-use common::TestApp;
 use mango_api::context::Secret;
-use mango_api::fixtures::{model_reply, ScriptedModel};
 use mango_api::Settings;
+use mango_testkit::turns::{idle_with, say, session_with_tools, types, until};
+use mango_testkit::TestApp;
+use mango_testkit::{model_reply, ScriptedModel};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;

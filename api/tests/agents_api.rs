@@ -1,8 +1,7 @@
 //! `/v1/agents`: create, retrieve (latest and by version), list, update into
 //! new immutable versions, archive, versions, credential scopes and bad input.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use reqwest::Method;
 use serde_json::{json, Value};

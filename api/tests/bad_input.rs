@@ -2,8 +2,7 @@
 //! values, and every limit on both sides of its edge. Each refusal must be a
 //! complete error envelope and must leave the stored rows exactly as they were.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use base64::Engine;
 use reqwest::Method;

@@ -1,6 +1,5 @@
 //! The `mango api-key` commands, run as a user would run them.
-mod common;
-use common::TestApp;
+use mango_testkit::TestApp;
 use reqwest::Method;
 use serde_json::Value;
 use std::process::{Command, Output};

@@ -4,8 +4,7 @@
 //!
 //! Every wait is bounded: each concurrent phase runs under [`within`].
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use futures::future::join_all;
 use futures::StreamExt;

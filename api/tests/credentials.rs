@@ -5,8 +5,7 @@
 //! invalid, revoked or expired ones 401 `authentication_error`. A refused
 //! request changes nothing.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use mango_api::store::keys;
 use mango_protocol::time;

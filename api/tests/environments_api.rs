@@ -1,8 +1,7 @@
 //! `/v1/environments` (wire contract §3): create, get, list, update, archive,
 //! delete, and how an Environment's state governs its Work.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use reqwest::Method;
 use serde_json::{json, Value};

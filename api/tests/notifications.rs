@@ -4,8 +4,7 @@
 //! the only one registered in `listeners`. Writers that are not a registered
 //! api process, and every process once a second one registers, notify.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use mango_api::admission::append_agent_events;
 use mango_api::wake::NOTIFICATION_WANTED_SQL;

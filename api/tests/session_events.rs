@@ -3,8 +3,7 @@
 //! refusals that store nothing), and the SSE stream (frame rules, pings,
 //! ordering, no loss between history and stream, many readers, token expiry).
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use mango_api::admission::append_agent_events;
 use mango_api::Settings;

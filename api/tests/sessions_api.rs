@@ -3,8 +3,7 @@
 //! delete, metadata and resources, `initial_events` with its first Work, and
 //! the credential scopes of §2.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use reqwest::Method;
 use serde_json::{json, Value};

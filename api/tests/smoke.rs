@@ -1,5 +1,4 @@
-mod common;
-use common::TestApp;
+use mango_testkit::TestApp;
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn healthcheck_lifecycle_end_to_end(db: sqlx::PgPool) {

@@ -3,8 +3,7 @@
 //! can answer with. Credential scopes are in `credentials.rs`; input limits in
 //! `bad_input.rs`.
 
-mod common;
-use common::*;
+use mango_testkit::*;
 
 use chrono::Duration as Span;
 use mango_api::Settings;

@@ -1,8 +1,8 @@
 //! The client against a real `mango` api on PostgreSQL (`DATABASE_URL`).
 
-use mango_api::fixtures::LiveApi;
 use mango_client::{Client, RetryPolicy, StreamFrame};
 use mango_protocol::WorkState;
+use mango_testkit::TestApp;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -12,17 +12,17 @@ struct Api {
     ws_secret: String,
     env_id: String,
     env: Client,
-    _live: LiveApi,
+    _live: TestApp,
 }
 
 async fn start(db: sqlx::PgPool) -> Api {
-    let live = LiveApi::start(db).await;
+    let live = TestApp::start(db).await;
     Api {
         base: live.base.clone(),
-        ws: Client::new(&live.base, &live.workspace_key),
-        ws_secret: live.workspace_key.clone(),
-        env_id: live.environment_id.clone(),
-        env: Client::new(&live.base, &live.environment_key),
+        ws: Client::new(&live.base, &live.ws_key),
+        ws_secret: live.ws_key.clone(),
+        env_id: live.env_id.clone(),
+        env: Client::new(&live.base, &live.env_key),
         _live: live,
     }
 }

@@ -6,14 +6,13 @@
 //! Workspace key; supervisor actions (Poll, Ack) with the Environment key.
 //! Every wait is bounded.
 
-mod common;
-use common::{session_with_work, text_of};
+use mango_testkit::runner::{session_with_work, text_of};
 
 use mango_api::admission::append_agent_events;
-use mango_api::fixtures::LiveApi;
 use mango_api::Settings;
 use mango_client::Client;
 use mango_protocol::{time, Work, WorkData, WorkState};
+use mango_testkit::TestApp;
 use serde_json::{json, Value};
 use std::future::Future;
 use std::io::{Read, Write};
@@ -29,8 +28,8 @@ const WAIT: Duration = Duration::from_secs(20);
 
 // ------------------------------------------------------------------ fixtures
 
-async fn api_with_ttl(db: sqlx::PgPool, default_ttl_seconds: i64) -> LiveApi {
-    LiveApi::start_with(
+async fn api_with_ttl(db: sqlx::PgPool, default_ttl_seconds: i64) -> TestApp {
+    TestApp::start_with(
         db,
         Settings {
             default_ttl_seconds,
@@ -40,12 +39,12 @@ async fn api_with_ttl(db: sqlx::PgPool, default_ttl_seconds: i64) -> LiveApi {
     .await
 }
 
-fn operator(api: &LiveApi) -> Client {
-    Client::new(&api.base, &api.workspace_key)
+fn operator(api: &TestApp) -> Client {
+    Client::new(&api.base, &api.ws_key)
 }
 
-fn supervisor(api: &LiveApi) -> Client {
-    Client::new(&api.base, &api.environment_key)
+fn supervisor(api: &TestApp) -> Client {
+    Client::new(&api.base, &api.env_key)
 }
 
 /// The runner process; killed (and continued first, if stopped) on drop so a
@@ -59,7 +58,7 @@ struct Runner {
 impl Runner {
     fn start(
         base: &str,
-        api: &LiveApi,
+        api: &TestApp,
         work: &Work,
         session_id: &str,
         workspace: &Path,
@@ -72,7 +71,7 @@ impl Runner {
             .env("PATH", "/usr/bin:/bin")
             .env("MANGO_BASE_URL", base)
             .env("MANGO_WORK_ID", &work.id)
-            .env("MANGO_ENVIRONMENT_ID", &api.environment_id)
+            .env("MANGO_ENVIRONMENT_ID", &api.env_id)
             .env("MANGO_WORK_TYPE", "session")
             .env("MANGO_SESSION_ID", session_id)
             .env("MANGO_WORKSPACE", workspace);
@@ -257,7 +256,7 @@ async fn gone(pids: &[libc::pid_t]) {
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn allow_runs_ask_waits_for_an_http_confirmation_and_deny_never_runs(db: sqlx::PgPool) {
-    let api = LiveApi::start(db.clone()).await;
+    let api = TestApp::start(db.clone()).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let mut runner = Runner::start(&api.base, &api, &work, &session_id, workspace.path(), &[]);
@@ -371,7 +370,7 @@ async fn the_first_heartbeat_precedes_any_tool_and_renewals_keep_a_short_lease(d
         }
         assert!(
             supervisor
-                .poll(&api.environment_id, None, None)
+                .poll(&api.env_id, None, None)
                 .await
                 .unwrap()
                 .is_none(),
@@ -390,7 +389,7 @@ async fn the_first_heartbeat_precedes_any_tool_and_renewals_keep_a_short_lease(d
         "{result}"
     );
 
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Active, "{}", runner.log());
     let first_beat = stored.started_at.expect("the lease was claimed");
     let processed = time::parse(result["processed_at"].as_str().unwrap()).unwrap();
@@ -406,7 +405,7 @@ async fn the_first_heartbeat_precedes_any_tool_and_renewals_keep_a_short_lease(d
 
     terminate(&db, &session_id).await;
     assert!(runner.exits_within(WAIT).await.success());
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Stopped);
 }
 
@@ -441,17 +440,14 @@ async fn a_graceful_operator_stop_cancels_the_running_tool_and_stops_the_work(db
     let (call, shell, sleep) = long_call(&db, &session_id, workspace.path()).await;
 
     let asked = Instant::now();
-    assert!(operator
-        .stop(&api.environment_id, &work.id, false)
-        .await
-        .unwrap());
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    assert!(operator.stop(&api.env_id, &work.id, false).await.unwrap());
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Stopping);
 
     let status = runner.exits_within(Duration::from_secs(10)).await;
     assert!(status.success(), "{status:?}: {}", runner.log());
     gone(&[shell, sleep]).await;
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(
         stored.state,
         WorkState::Stopped,
@@ -482,11 +478,8 @@ async fn a_forced_operator_stop_ends_the_runner_without_hanging(db: sqlx::PgPool
     let operator = operator(&api);
     let (call, shell, sleep) = long_call(&db, &session_id, workspace.path()).await;
 
-    assert!(operator
-        .stop(&api.environment_id, &work.id, true)
-        .await
-        .unwrap());
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    assert!(operator.stop(&api.env_id, &work.id, true).await.unwrap());
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Stopped);
 
     runner.exits_within(Duration::from_secs(10)).await;
@@ -526,7 +519,7 @@ async fn a_lost_lease_stops_the_old_runner_without_touching_the_new_claim(db: sq
     // Freeze the runner (its tool keeps running) until its lease expires and
     // a supervisor reclaims the item: same Work, rotated token.
     runner.signal(libc::SIGSTOP);
-    let env = api.environment_id.as_str();
+    let env = api.env_id.as_str();
     let poller = &supervisor;
     let reclaimed = eventually("the reclaim", Duration::from_secs(8), move || async move {
         poller.poll(env, None, None).await.unwrap()
@@ -664,7 +657,7 @@ impl Proxy {
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn dropped_streams_mid_turn_neither_repeat_nor_drop_a_call(db: sqlx::PgPool) {
-    let api = LiveApi::start(db.clone()).await;
+    let api = TestApp::start(db.clone()).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let proxy = Proxy::start(&api.base).await;
@@ -739,7 +732,7 @@ async fn dropped_streams_mid_turn_neither_repeat_nor_drop_a_call(db: sqlx::PgPoo
 async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activation(
     db: sqlx::PgPool,
 ) {
-    let api = LiveApi::start(db.clone()).await;
+    let api = TestApp::start(db.clone()).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let idle = [("MANGO_IDLE_AFTER_END_TURN_SECONDS", "2")];
@@ -777,7 +770,7 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
         "exited {:?} after the idle",
         idle_since.elapsed()
     );
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Stopped, "{}", runner.log());
     assert!(
         stored.stop_requested_at.is_some(),
@@ -793,7 +786,7 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
         .await
         .unwrap();
     let next = supervisor
-        .poll(&api.environment_id, None, None)
+        .poll(&api.env_id, None, None)
         .await
         .unwrap()
         .expect("a new Work item");
@@ -804,14 +797,14 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
             id: session_id.clone()
         }
     );
-    supervisor.ack(&api.environment_id, &next.id).await.unwrap();
+    supervisor.ack(&api.env_id, &next.id).await.unwrap();
     let mut second = Runner::start(&api.base, &api, &next, &session_id, workspace.path(), &idle);
     let call = append(&db, &session_id, vec![bash("echo turn2", "allow")]).await;
     let results = results_for(&operator, &session_id, &call).await;
     assert_eq!(text_of(&results[0]).trim(), "turn2");
     terminate(&db, &session_id).await;
     assert!(second.exits_within(WAIT).await.success());
-    let listed = operator.list_work(&api.environment_id).await.unwrap();
+    let listed = operator.list_work(&api.env_id).await.unwrap();
     assert_eq!(listed.len(), 2);
     assert!(listed.iter().all(|w| w.state == WorkState::Stopped));
 }
@@ -820,7 +813,7 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn bad_tool_input_is_an_error_result_and_the_runner_keeps_serving(db: sqlx::PgPool) {
-    let api = LiveApi::start(db.clone()).await;
+    let api = TestApp::start(db.clone()).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let mut runner = Runner::start(&api.base, &api, &work, &session_id, workspace.path(), &[]);

@@ -5,14 +5,13 @@
 //! secret on stdin (as a supervisor would); it runs both calls, the results
 //! flow back, the loop calls the model again and the turn ends.
 
-mod common;
-use common::text_of;
+use mango_testkit::runner::text_of;
 
 use mango_api::context::Secret;
-use mango_api::fixtures::{model_reply, LiveApi, ScriptedModel};
 use mango_api::Settings;
 use mango_client::Client;
 use mango_protocol::WorkState;
+use mango_testkit::{model_reply, ScriptedModel, TestApp};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -55,7 +54,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
         ),
     ])
     .await;
-    let api = LiveApi::start_with(
+    let api = TestApp::start_with(
         db.clone(),
         Settings {
             model_base_url: Some(model.base.clone()),
@@ -64,11 +63,11 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
         },
     )
     .await;
-    let operator = Client::new(&api.base, &api.workspace_key);
+    let operator = Client::new(&api.base, &api.ws_key);
     let http = reqwest::Client::new();
     let post = |path: &str, body: Value| {
         http.post(format!("{}{path}", api.base))
-            .bearer_auth(&api.workspace_key)
+            .bearer_auth(&api.ws_key)
             .json(&body)
             .send()
     };
@@ -87,7 +86,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
     assert!(agent["id"].is_string(), "{agent}");
     let session: Value = post(
         "/v1/sessions",
-        json!({"agent": agent["id"], "environment_id": api.environment_id}),
+        json!({"agent": agent["id"], "environment_id": api.env_id}),
     )
     .await
     .unwrap()
@@ -104,9 +103,9 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
     assert_eq!(sent.status(), 200);
 
     // The supervisor's part: poll and ack the Work admission created.
-    let supervisor = Client::new(&api.base, &api.environment_key);
+    let supervisor = Client::new(&api.base, &api.env_key);
     let work = supervisor
-        .poll(&api.environment_id, None, None)
+        .poll(&api.env_id, None, None)
         .await
         .unwrap()
         .expect("the user.message made Session Work");
@@ -116,7 +115,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
             id: session_id.clone()
         }
     );
-    supervisor.ack(&api.environment_id, &work.id).await.unwrap();
+    supervisor.ack(&api.env_id, &work.id).await.unwrap();
 
     let workspace = tempfile::tempdir().unwrap();
     let mut runner = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
@@ -125,7 +124,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
         .env("PATH", "/usr/bin:/bin")
         .env("MANGO_BASE_URL", &api.base)
         .env("MANGO_WORK_ID", &work.id)
-        .env("MANGO_ENVIRONMENT_ID", &api.environment_id)
+        .env("MANGO_ENVIRONMENT_ID", &api.env_id)
         .env("MANGO_WORK_TYPE", "session")
         .env("MANGO_SESSION_ID", &session_id)
         .env("MANGO_WORKSPACE", workspace.path())
@@ -291,7 +290,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
     let log = String::from_utf8_lossy(&status.stderr).to_string();
     assert!(status.status.success(), "{:?}: {log}", status.status);
     assert!(!log.contains(MODEL_KEY));
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Stopped, "{stored:?}");
     let session = operator.session(&session_id).await.unwrap();
     assert_eq!(session["status"], "idle");

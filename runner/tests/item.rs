@@ -1,27 +1,24 @@
 //! `mango-worker item` run as a supervisor runs it: identity in the
 //! environment, the Work secret on stdin, against a real api.
 
-use mango_api::fixtures::LiveApi;
 use mango_client::Client;
 use mango_protocol::{CheckStatus, Work, WorkState};
+use mango_testkit::TestApp;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 /// Creates a healthcheck, polls and acks it with the Environment key.
-async fn acked_check(api: &LiveApi) -> Work {
-    let operator = Client::new(&api.base, &api.workspace_key);
-    let supervisor = Client::new(&api.base, &api.environment_key);
-    operator
-        .create_healthcheck(&api.environment_id)
-        .await
-        .unwrap();
+async fn acked_check(api: &TestApp) -> Work {
+    let operator = Client::new(&api.base, &api.ws_key);
+    let supervisor = Client::new(&api.base, &api.env_key);
+    operator.create_healthcheck(&api.env_id).await.unwrap();
     let work = supervisor
-        .poll(&api.environment_id, None, None)
+        .poll(&api.env_id, None, None)
         .await
         .unwrap()
         .expect("the check");
-    supervisor.ack(&api.environment_id, &work.id).await.unwrap();
+    supervisor.ack(&api.env_id, &work.id).await.unwrap();
     work
 }
 
@@ -57,7 +54,7 @@ fn run_worker(
 }
 
 async fn wait_output(
-    api: &LiveApi,
+    api: &TestApp,
     work: &Work,
     work_type: &'static str,
     workspace: &Path,
@@ -65,7 +62,7 @@ async fn wait_output(
 ) -> Output {
     let (base, env, id, dir) = (
         api.base.clone(),
-        api.environment_id.clone(),
+        api.env_id.clone(),
         work.id.clone(),
         workspace.to_path_buf(),
     );
@@ -76,7 +73,7 @@ async fn wait_output(
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_healthcheck_passes_end_to_end(db: sqlx::PgPool) {
-    let api = LiveApi::start(db).await;
+    let api = TestApp::start(db).await;
     let work = acked_check(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let line = format!("{}\n", work.secret.clone().unwrap());
@@ -96,8 +93,8 @@ async fn a_healthcheck_passes_end_to_end(db: sqlx::PgPool) {
         "the secret never reaches the logs"
     );
 
-    let stored = Client::new(&api.base, &api.workspace_key)
-        .work(&api.environment_id, &work.id)
+    let stored = Client::new(&api.base, &api.ws_key)
+        .work(&api.env_id, &work.id)
         .await
         .unwrap();
     assert_eq!(stored.state, WorkState::Stopped);
@@ -122,14 +119,14 @@ async fn a_healthcheck_passes_end_to_end(db: sqlx::PgPool) {
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn an_unusable_workspace_fails_the_check_with_a_reason(db: sqlx::PgPool) {
-    let api = LiveApi::start(db).await;
+    let api = TestApp::start(db).await;
     let work = acked_check(&api).await;
     let missing = std::path::Path::new("/nonexistent/mango-workspace");
     let line = format!("{}\n", work.secret.clone().unwrap());
     let out = wait_output(&api, &work, "healthcheck", missing, line.into_bytes()).await;
     assert!(!out.status.success());
-    let stored = Client::new(&api.base, &api.workspace_key)
-        .work(&api.environment_id, &work.id)
+    let stored = Client::new(&api.base, &api.ws_key)
+        .work(&api.env_id, &work.id)
         .await
         .unwrap();
     let result = stored.result.unwrap();
@@ -143,7 +140,7 @@ async fn an_unusable_workspace_fails_the_check_with_a_reason(db: sqlx::PgPool) {
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn bad_secrets_exit_cleanly_with_a_reason_and_touch_nothing(db: sqlx::PgPool) {
-    let api = LiveApi::start(db).await;
+    let api = TestApp::start(db).await;
     let work = acked_check(&api).await;
     let dir = tempfile::tempdir().unwrap();
     for (stdin, reason) in [
@@ -162,8 +159,8 @@ async fn bad_secrets_exit_cleanly_with_a_reason_and_touch_nothing(db: sqlx::PgPo
         assert!(stderr.contains(reason), "expected {reason:?} in: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
-    let stored = Client::new(&api.base, &api.workspace_key)
-        .work(&api.environment_id, &work.id)
+    let stored = Client::new(&api.base, &api.ws_key)
+        .work(&api.env_id, &work.id)
         .await
         .unwrap();
     assert_eq!(stored.state, WorkState::Starting, "no heartbeat was sent");
@@ -171,7 +168,7 @@ async fn bad_secrets_exit_cleanly_with_a_reason_and_touch_nothing(db: sqlx::PgPo
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_work_type_it_cannot_run_is_left_to_be_reclaimed(db: sqlx::PgPool) {
-    let api = LiveApi::start(db).await;
+    let api = TestApp::start(db).await;
     let work = acked_check(&api).await;
     let dir = tempfile::tempdir().unwrap();
     let out = wait_output(
@@ -183,8 +180,8 @@ async fn a_work_type_it_cannot_run_is_left_to_be_reclaimed(db: sqlx::PgPool) {
     )
     .await;
     assert_eq!(out.status.code(), Some(3));
-    let stored = Client::new(&api.base, &api.workspace_key)
-        .work(&api.environment_id, &work.id)
+    let stored = Client::new(&api.base, &api.ws_key)
+        .work(&api.env_id, &work.id)
         .await
         .unwrap();
     assert_eq!(

@@ -1,27 +1,26 @@
 //! `mango-worker item` on Session Work: agent events appended in-process (as
 //! the agent loop does), the real runner executes them against a real api.
 
-mod common;
-use common::{session_with_work, session_with_work_for, text_of};
+use mango_testkit::runner::{session_with_work, session_with_work_for, text_of};
 
 use mango_api::admission::append_agent_events;
-use mango_api::fixtures::LiveApi;
 use mango_client::Client;
 use mango_protocol::{Work, WorkState};
+use mango_testkit::TestApp;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn start_runner(api: &LiveApi, work: &Work, session_id: &str, workspace: &Path) -> Child {
+fn start_runner(api: &TestApp, work: &Work, session_id: &str, workspace: &Path) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
         .arg("item")
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("MANGO_BASE_URL", &api.base)
         .env("MANGO_WORK_ID", &work.id)
-        .env("MANGO_ENVIRONMENT_ID", &api.environment_id)
+        .env("MANGO_ENVIRONMENT_ID", &api.env_id)
         .env("MANGO_WORK_TYPE", "session")
         .env("MANGO_SESSION_ID", session_id)
         .env("MANGO_WORKSPACE", workspace)
@@ -61,7 +60,7 @@ async fn results_for(operator: &Client, session_id: &str, call_ids: &[&str]) -> 
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn the_runner_executes_tool_calls_and_ends_with_the_session(db: sqlx::PgPool) {
-    let api = LiveApi::start(db.clone()).await;
+    let api = TestApp::start(db.clone()).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let mut runner = start_runner(&api, &work, &session_id, workspace.path());
@@ -80,7 +79,7 @@ async fn the_runner_executes_tool_calls_and_ends_with_the_session(db: sqlx::PgPo
     .await
     .unwrap();
     let ids: Vec<&str> = calls.iter().map(|e| e["id"].as_str().unwrap()).collect();
-    let operator = Client::new(&api.base, &api.workspace_key);
+    let operator = Client::new(&api.base, &api.ws_key);
     let results = results_for(&operator, &session_id, &ids[..2]).await;
     let by_call = |id: &str| results.iter().find(|r| r["tool_use_id"] == id).unwrap();
     assert_eq!(text_of(by_call(ids[0])), "wrote 5 bytes to notes/a.txt");
@@ -112,7 +111,7 @@ async fn the_runner_executes_tool_calls_and_ends_with_the_session(db: sqlx::PgPo
     assert!(!events
         .iter()
         .any(|e| e["tool_use_id"] == ids[2] || e["tool_use_id"] == ids[3]));
-    let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+    let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(
         stored.state,
         WorkState::Stopped,
@@ -122,7 +121,7 @@ async fn the_runner_executes_tool_calls_and_ends_with_the_session(db: sqlx::PgPo
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_tool_call_cannot_find_the_token_anywhere_it_can_read(db: sqlx::PgPool) {
-    let api = LiveApi::start(db.clone()).await;
+    let api = TestApp::start(db.clone()).await;
     let (session_id, work) = session_with_work(&api).await;
     let token = mango_runner::secret::sessions_token(work.secret.as_deref().unwrap()).unwrap();
     let workspace = tempfile::tempdir().unwrap();
@@ -138,7 +137,7 @@ async fn a_tool_call_cannot_find_the_token_anywhere_it_can_read(db: sqlx::PgPool
     )
     .await
     .unwrap();
-    let operator = Client::new(&api.base, &api.workspace_key);
+    let operator = Client::new(&api.base, &api.ws_key);
     let results = results_for(&operator, &session_id, &[calls[0]["id"].as_str().unwrap()]).await;
     let seen = text_of(&results[0]);
     assert!(
@@ -195,8 +194,8 @@ async fn finish(child: Child) -> (Option<i32>, String) {
 async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_session(
     db: sqlx::PgPool,
 ) {
-    let api = LiveApi::start(db).await;
-    let operator = Client::new(&api.base, &api.workspace_key);
+    let api = TestApp::start(db).await;
+    let operator = Client::new(&api.base, &api.ws_key);
     let cases = [
         (
             json!({"name": "a", "model": "m", "skills": [{"type": "custom", "skill_id": "skill_missing", "version": "7"}]}),
@@ -227,7 +226,7 @@ async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_sess
         let (code, stderr) = finish(runner).await;
         assert_eq!(code, Some(6), "{stderr}");
 
-        let stored = operator.work(&api.environment_id, &work.id).await.unwrap();
+        let stored = operator.work(&api.env_id, &work.id).await.unwrap();
         assert_eq!(stored.state, WorkState::Stopped);
         let events = operator.all_events(&session_id).await.unwrap();
         let error = events

@@ -1,6 +1,7 @@
-//! Helpers for tests of the agent loop.
+//! Waiting on the agent loop's turns: a Session of an agent with tools, the
+//! operator's input, and the events a turn leaves.
 
-use super::TestApp;
+use crate::{user_message, TestApp};
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ pub async fn session_with_tools(app: &TestApp, tools: Value) -> String {
 
 /// The operator sends one `user.message`.
 pub async fn say(app: &TestApp, session: &str, text: &str) {
-    app.send(session, json!([super::user_message(text)]))
+    app.send(session, json!([user_message(text)]))
         .await
         .expect(200);
 }
