@@ -1,4 +1,4 @@
-//! Behaviour of `mango-worker item` on Session Work (spec §8), end to end: a
+//! Behaviour of `mango-runner` on Session Work (spec §8), end to end: a
 //! real api, a polled and acknowledged Work item, the real binary started as
 //! the supervisor starts it (identity in the environment, the secret on
 //! stdin), and agent events appended in-process as the agent loop does.
@@ -64,9 +64,8 @@ impl Runner {
         workspace: &Path,
         extra_env: &[(&str, &str)],
     ) -> Runner {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_mango-worker"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_mango-runner"));
         command
-            .arg("item")
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("MANGO_BASE_URL", base)
@@ -83,7 +82,7 @@ impl Runner {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("mango-worker starts");
+            .expect("mango-runner starts");
         let mut stdin = child.stdin.take().unwrap();
         writeln!(stdin, "{}", work.secret.as_deref().unwrap()).unwrap();
         drop(stdin);

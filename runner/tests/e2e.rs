@@ -1,7 +1,7 @@
 //! The agent loop end to end (issue 4): an agent with the toolset, a Session
 //! and a `user.message` over HTTP; a scripted model asks for `bash` and
 //! `write`; the Work that admission created is polled and acked with the
-//! Environment key and the real `mango-worker item` is started with the Work
+//! Environment key and the real `mango-runner` is started with the Work
 //! secret on stdin (as a supervisor would); it runs both calls, the results
 //! flow back, the loop calls the model again and the turn ends.
 
@@ -118,8 +118,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
     supervisor.ack(&api.env_id, &work.id).await.unwrap();
 
     let workspace = tempfile::tempdir().unwrap();
-    let mut runner = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
-        .arg("item")
+    let mut runner = Command::new(env!("CARGO_BIN_EXE_mango-runner"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("MANGO_BASE_URL", &api.base)
@@ -133,7 +132,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("mango-worker starts");
+        .expect("mango-runner starts");
     {
         let mut stdin = runner.stdin.take().unwrap();
         writeln!(stdin, "{}", work.secret.as_deref().unwrap()).unwrap();

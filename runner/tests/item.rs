@@ -1,4 +1,4 @@
-//! `mango-worker item` run as a supervisor runs it: identity in the
+//! `mango-runner` run as a supervisor runs it: identity in the
 //! environment, the Work secret on stdin, against a real api.
 
 use mango_client::Client;
@@ -22,7 +22,7 @@ async fn acked_check(api: &TestApp) -> Work {
     work
 }
 
-/// Runs `mango-worker item` with only its identity in the environment.
+/// Runs `mango-runner` with only its identity in the environment.
 fn run_worker(
     base: &str,
     environment_id: &str,
@@ -31,8 +31,7 @@ fn run_worker(
     workspace: &Path,
     stdin: &[u8],
 ) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
-        .arg("item")
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mango-runner"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("MANGO_BASE_URL", base)
@@ -45,7 +44,7 @@ fn run_worker(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("mango-worker starts");
+        .expect("mango-runner starts");
     let mut input = child.stdin.take().unwrap();
     // A runner that rejects early may close stdin first; that is fine.
     let _ = input.write_all(stdin);

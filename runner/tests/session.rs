@@ -1,4 +1,4 @@
-//! `mango-worker item` on Session Work: agent events appended in-process (as
+//! `mango-runner` on Session Work: agent events appended in-process (as
 //! the agent loop does), the real runner executes them against a real api.
 
 use mango_testkit::runner::{session_with_work, session_with_work_for, text_of};
@@ -14,8 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn start_runner(api: &TestApp, work: &Work, session_id: &str, workspace: &Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mango-worker"))
-        .arg("item")
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mango-runner"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("MANGO_BASE_URL", &api.base)
@@ -28,7 +27,7 @@ fn start_runner(api: &TestApp, work: &Work, session_id: &str, workspace: &Path) 
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("mango-worker starts");
+        .expect("mango-runner starts");
     let mut stdin = child.stdin.take().unwrap();
     writeln!(stdin, "{}", work.secret.as_deref().unwrap()).unwrap();
     drop(stdin);

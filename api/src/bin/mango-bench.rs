@@ -10,7 +10,7 @@
 //! * `depth`: poll → ack latency with 1,000 vs 100,000 items queued;
 //! * `events`: Session event admission (own Sessions vs one Session) and the
 //!   fan-out of one Session's SSE stream to many readers;
-//! * `runner`: the item runner's (`mango-worker item`, a separate process)
+//! * `runner`: the item runner's (`mango-runner`, a separate process)
 //!   tool round trip and peak RSS, against the official Python SDK's
 //!   `EnvironmentWorker` serving the same script on the same server, in
 //!   `--runner-rounds` independent rounds (new worker processes each);
@@ -133,7 +133,7 @@ enum Command {
     /// Event admission per second, and SSE fan-out latency to many readers.
     Events,
     /// The item runner's tool round trip and peak RSS vs the Python SDK's
-    /// EnvironmentWorker (needs target/release/mango-worker; the SDK half
+    /// EnvironmentWorker (needs target/release/mango-runner; the SDK half
     /// needs .venv, see scripts/venv.sh).
     Runner,
     /// All of the above (the default).

@@ -3,7 +3,7 @@
 //!
 //! Per side: a Session with one `user.message`, its Work polled and acked with
 //! the Environment key (as a supervisor does), then the worker process serving
-//! that one item — `mango-worker item` (built from the `runner` crate, found
+//! that one item — `mango-runner` (built from the `runner` crate, found
 //! next to this executable) or `EnvironmentWorker.handle_item()` in a Python
 //! subprocess. The bench appends `agent.tool_use` `bash` `echo …` events
 //! in-process through the agent loop's own path ([`emit`]), one at a time. A
@@ -100,11 +100,11 @@ impl Launch<'_> {
     }
 }
 
-/// `mango-worker` next to this executable (both are built into target/release).
+/// `mango-runner` next to this executable (both are built into target/release).
 fn locate_worker() -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()
         .context("cannot locate the bench executable")?
-        .with_file_name("mango-worker");
+        .with_file_name("mango-runner");
     if !path.is_file() {
         bail!(
             "{} not found: build the runner next to the bench with \
@@ -474,8 +474,7 @@ impl Participant {
         let (mut command, program) = match &launch {
             Launch::Runner(worker) => {
                 let mut c = clean_command(worker);
-                c.arg("item")
-                    .env("MANGO_BASE_URL", &bench.base)
+                c.env("MANGO_BASE_URL", &bench.base)
                     .env("MANGO_WORK_ID", &work.id)
                     .env("MANGO_ENVIRONMENT_ID", &bench.env_id)
                     .env("MANGO_WORK_TYPE", "session")
