@@ -4,6 +4,7 @@
 use crate::{urlencode, Reply, TestApp};
 use anyhow::Context;
 use base64::Engine;
+use mango_protocol::WorkSecret;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -34,11 +35,9 @@ pub fn try_sessions_token(secret: &str) -> anyhow::Result<String> {
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(secret)
         .context("URL-safe base64 without padding")?;
-    let payload: Value = serde_json::from_slice(&raw).context("JSON payload")?;
-    payload["sessions_token"]
-        .as_str()
-        .map(str::to_string)
-        .context("sessions_token")
+    let payload: WorkSecret =
+        serde_json::from_slice(&raw).context("a JSON payload with a sessions_token")?;
+    Ok(payload.sessions_token)
 }
 
 impl TestApp {

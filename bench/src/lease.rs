@@ -3,7 +3,9 @@
 //! one such cycle, run directly (store functions + the pure lease rules) by N
 //! tasks against the same database, with no HTTP in between.
 
-use crate::harness::{ms, summary, Api, Bench, CpuSample};
+use crate::harness::Bench;
+use crate::http::Api;
+use crate::measure::{ms, summary, CpuSample};
 use anyhow::{bail, Context};
 use mango_api::lease::{Lease, TokenUse};
 use mango_api::store::keys;
@@ -102,13 +104,13 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<LeaseResu
     // The ceiling runs where the api runs, as the server's handlers would.
     // Poll and Ack reuse their Environment key lookup (auth::environment_key_for_lease),
     // so in steady state the key is looked up once, not per request.
-    let key_id = keys::find_by_secret(&bench.pool, &ids::sha256(bench.api.env_key()))
+    let key_id = keys::find_by_secret(&bench.app.db, &ids::sha256(bench.api.env_key()))
         .await?
         .context("the Environment key vanished")?
         .id;
     let shared = Arc::new(Shared {
-        pool: bench.pool.clone(),
-        env_id: bench.env_id.clone(),
+        pool: bench.app.db.clone(),
+        env_id: bench.app.env_id.clone(),
         key_id,
         ttl: Settings::default().default_ttl_seconds,
         reclaim: Settings::default().default_reclaim,

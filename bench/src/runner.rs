@@ -25,10 +25,13 @@
 //! minutes, and sides measured one after the other would compare machines.
 
 use crate::events::frame_end;
-use crate::harness::{ms, percentile, sessions_token, Api, Bench};
+use crate::harness::Bench;
+use crate::http::Api;
+use crate::measure::{ms, percentile};
 use anyhow::{bail, Context};
 use mango_api::admission::emit;
 use mango_protocol::WorkData;
+use mango_testkit::work::try_sessions_token;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -108,7 +111,7 @@ fn locate_worker() -> anyhow::Result<PathBuf> {
     if !path.is_file() {
         bail!(
             "{} not found: build the runner next to the bench with \
-             `cargo build --release -p mango-runner -p mango-api`",
+             `cargo build --release -p mango-runner -p mango-bench`",
             path.display()
         );
     }
@@ -318,7 +321,7 @@ async fn interleave(
 }
 
 fn report(bench: &Bench, result: &RunnerResult) {
-    let metrics = &bench.ctx.metrics;
+    let metrics = &bench.app.ctx.metrics;
     println!(
         "runner: sends admitted by the fenced result path {}, under the Session lock {}",
         metrics
@@ -409,7 +412,7 @@ impl Participant {
         agent: &str,
         label: &'static str,
     ) -> anyhow::Result<(Self, mango_protocol::Work)> {
-        let session = api.create_session(agent, &bench.env_id).await?;
+        let session = api.create_session(agent, &bench.app.env_id).await?;
         api.send_message(&session, "go").await?;
         let work = claim(api, &session).await?;
         let (tx, rx) = mpsc::unbounded_channel::<Arrival>();
@@ -431,7 +434,7 @@ impl Participant {
     async fn floor(bench: &Bench, api: &Api, agent: &str) -> anyhow::Result<Self> {
         let (mut part, work) = Self::open(bench, api, agent, "floor").await?;
         let secret = work.secret.as_deref().context("Poll returned no secret")?;
-        let token = sessions_token(secret)?;
+        let token = try_sessions_token(secret)?;
         let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
         let call_reader = tokio::spawn(read_frames(
             api.open_stream(&part.session).await?,
@@ -474,9 +477,9 @@ impl Participant {
         let (mut command, program) = match &launch {
             Launch::Runner(worker) => {
                 let mut c = clean_command(worker);
-                c.env("MANGO_BASE_URL", &bench.base)
+                c.env("MANGO_BASE_URL", &bench.app.base)
                     .env("MANGO_WORK_ID", &work.id)
-                    .env("MANGO_ENVIRONMENT_ID", &bench.env_id)
+                    .env("MANGO_ENVIRONMENT_ID", &bench.app.env_id)
                     .env("MANGO_WORK_TYPE", "session")
                     .env("MANGO_SESSION_ID", &part.session)
                     .env("MANGO_WORKSPACE", scratch.workspace())
@@ -486,9 +489,9 @@ impl Participant {
             Launch::Sdk { python, driver } => {
                 let mut c = clean_command(python);
                 c.arg(driver)
-                    .env("ANTHROPIC_BASE_URL", &bench.base)
+                    .env("ANTHROPIC_BASE_URL", &bench.app.base)
                     .env("ANTHROPIC_WORK_ID", &work.id)
-                    .env("ANTHROPIC_ENVIRONMENT_ID", &bench.env_id)
+                    .env("ANTHROPIC_ENVIRONMENT_ID", &bench.app.env_id)
                     .env("ANTHROPIC_SESSION_ID", &part.session)
                     .env("ANTHROPIC_WORK_SECRET", &secret)
                     .stdin(Stdio::null());
@@ -534,7 +537,7 @@ impl Participant {
             let label = self.label;
             let word = format!("bench-{label}-{i}");
             let stored = emit(
-                &bench.ctx,
+                &bench.app.ctx,
                 &self.session,
                 vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": format!("echo {word}")}, "evaluated_permission": "allow"})],
             )
@@ -600,7 +603,7 @@ impl Participant {
             Answerer::Bench { .. } => None,
         };
         let ended = emit(
-            &bench.ctx,
+            &bench.app.ctx,
             &self.session,
             vec![json!({"type": "session.status_terminated"})],
         )
@@ -707,7 +710,7 @@ fn admissions(
     session: &str,
     tx: mpsc::UnboundedSender<Arrival>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
-    let mut feed = bench.ctx.events.subscribe(session);
+    let mut feed = bench.app.ctx.events.subscribe(session);
     let mut published = bench.publications(session);
     tokio::spawn(async move {
         loop {

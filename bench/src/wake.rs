@@ -4,7 +4,8 @@
 //! arrived (the commit-time proxy: the insert committed before the api
 //! answered) to the moment a poller's Poll response carrying that item arrived.
 
-use crate::harness::{ms, percentile, Bench};
+use crate::harness::Bench;
+use crate::measure::{ms, percentile};
 use anyhow::Context;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -24,17 +24,13 @@
 //! the runner keys are those of the round with the median p50 ratio)
 //! (a single phase prints only its own keys). The database is dropped at the end.
 
-#[path = "mango_bench/depth.rs"]
 mod depth;
-#[path = "mango_bench/events.rs"]
 mod events;
-#[path = "mango_bench/harness.rs"]
 mod harness;
-#[path = "mango_bench/lease.rs"]
+mod http;
 mod lease;
-#[path = "mango_bench/runner.rs"]
+mod measure;
 mod runner;
-#[path = "mango_bench/wake.rs"]
 mod wake;
 
 use clap::{Parser, Subcommand};
@@ -309,7 +305,7 @@ async fn main() -> std::process::ExitCode {
     };
     println!(
         "mango-bench: database {}, api at {}, environment {}",
-        bench.db_name, bench.base, bench.env_id
+        bench.db_name, bench.app.base, bench.app.env_id
     );
     let outcome = tokio::select! {
         outcome = run(&cli, &bench, command) => outcome,

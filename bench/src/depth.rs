@@ -2,7 +2,8 @@
 //! queued in the Environment (plus whatever stopped history earlier phases
 //! left, which the claim's partial index never sees).
 
-use crate::harness::{ms, percentile, Bench};
+use crate::harness::Bench;
+use crate::measure::{ms, percentile};
 use mango_api::store::work;
 use std::sync::Arc;
 use std::time::Instant;
@@ -108,15 +109,15 @@ async fn at_depth(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<(f64, f6
 
 /// EXPLAIN ANALYZE of the server's own claim statement at the current depth, rolled back.
 async fn explain_claim(bench: &Arc<Bench>) -> anyhow::Result<()> {
-    let mut tx = bench.pool.begin().await?;
+    let mut tx = bench.app.db.begin().await?;
     let now = mango_protocol::time::now();
     let explain = format!(
         "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
         work::claim_statement()
     );
     let plan: Vec<(String,)> = sqlx::query_as(&explain)
-        .bind(&bench.env_id)
-        .bind(&bench.env_key_id)
+        .bind(&bench.app.env_id)
+        .bind(&bench.app.env_key_id)
         .bind(now)
         .bind(now - chrono::Duration::seconds(5))
         .bind(vec![0u8; 32])

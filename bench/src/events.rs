@@ -8,7 +8,9 @@
 //!   send request; a sample is, per (event, reader), that instant → the frame
 //!   arriving at the reader. Every reader must receive every event.
 
-use crate::harness::{ms, percentile, Api, Bench, CpuSample};
+use crate::harness::Bench;
+use crate::http::Api;
+use crate::measure::{ms, percentile, CpuSample};
 use anyhow::{bail, Context};
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -63,7 +65,7 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<EventsRes
     );
     let mut own = Vec::with_capacity(opts.senders);
     for _ in 0..opts.senders {
-        own.push(api.create_session(&agent, &bench.env_id).await?);
+        own.push(api.create_session(&agent, &bench.app.env_id).await?);
     }
     let admitted_per_s = admission(bench, &api, opts, own).await?;
     println!(
@@ -75,7 +77,7 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<EventsRes
         "events admission: {} senders, all to ONE Session (serialized on its row lock) ...",
         opts.senders
     );
-    let one = api.create_session(&agent, &bench.env_id).await?;
+    let one = api.create_session(&agent, &bench.app.env_id).await?;
     let admitted_one_session_per_s = admission(bench, &api, opts, vec![one; opts.senders]).await?;
     println!(
         "events admission: {admitted_one_session_per_s:.1} events/s, one Session (target ≥ {TARGET_ADMITTED_PER_S:.0}: {})",
@@ -97,7 +99,7 @@ async fn event_reads(bench: &Bench) -> anyhow::Result<i64> {
     let (n,): (i64,) = sqlx::query_as(
         "SELECT coalesce(idx_scan, 0)::bigint FROM pg_stat_user_tables WHERE relname = 'session_events'",
     )
-    .fetch_one(&bench.pool)
+    .fetch_one(&bench.app.db)
     .await?;
     Ok(n)
 }
@@ -208,7 +210,7 @@ async fn fanout(
         "events fan-out: {} SSE readers of ONE Session; {total} user.message events sent at {:.0}/s over {:.1} s ...",
         opts.readers, opts.rate, opts.fanout_seconds
     );
-    let session = api.create_session(agent, &bench.env_id).await?;
+    let session = api.create_session(agent, &bench.app.env_id).await?;
     // The readers and the sender share one clock: offsets from `epoch`.
     let epoch = Instant::now();
     let (giveup_tx, giveup) = watch::channel(false);
