@@ -268,7 +268,7 @@ pub fn admit_result(
 /// restated in SQL over a Session row `s` and its call row `c` for the
 /// one-statement result path (`$3`: the result's call kind, `tool` or
 /// `custom`). The schema constrains every column it reads, and
-/// `tests/admission.rs` checks it against these rules for every combination
+/// `tests/it/admission.rs` checks it against these rules for every combination
 /// of values the schema allows; where it says no, the locking path decides.
 pub const WORKER_RESULT_ACCEPTED_SQL: &str = "s.status <> 'terminated' AND s.archived_at IS NULL
       AND c.kind = $3 AND c.answered_by IS NULL
