@@ -10,7 +10,7 @@ test:
 	@scripts/test.sh
 
 # Lease/wake/depth/events/runner benchmark (release build); prints numbers and ratios.
-# The runner phase starts target/release/mango-worker, hence both packages.
+# The runner phase starts target/release/mango-runner, hence both packages.
 bench:
-	@cargo build --release -q -p mango-runner -p mango-api
+	@cargo build --release -q -p mango-runner -p mango-bench
 	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" target/release/mango-bench all

@@ -19,7 +19,9 @@ use crate::store::events::{self, LoggedEvent};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+#[cfg(feature = "bench-hooks")]
+use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
 
@@ -36,7 +38,8 @@ struct Feed {
 
 /// Sees each event at the moment its feed broadcasts it: the one instant
 /// every stream of the Session shares, before any of them is scheduled.
-/// `mango-bench` stamps admissions here.
+/// `mango-bench` stamps admissions here (feature `bench-hooks`).
+#[cfg(feature = "bench-hooks")]
 pub type PublicationObserver = Box<dyn Fn(&str, &LoggedEvent) + Send + Sync>;
 
 impl Feed {
@@ -83,6 +86,7 @@ impl Feed {
 pub struct SessionFeeds {
     db: PgPool,
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    #[cfg(feature = "bench-hooks")]
     observer: OnceLock<PublicationObserver>,
 }
 
@@ -97,21 +101,29 @@ impl SessionFeeds {
         SessionFeeds {
             db,
             feeds: Mutex::default(),
+            #[cfg(feature = "bench-hooks")]
             observer: OnceLock::new(),
         }
     }
 
     /// Installs the one [`PublicationObserver`]; `false` if there is one already.
+    #[cfg(feature = "bench-hooks")]
     pub fn observe_publications(&self, observer: PublicationObserver) -> bool {
         self.observer.set(observer).is_ok()
     }
 
+    #[cfg(feature = "bench-hooks")]
     fn observed<'a>(&'a self, id: &'a str) -> impl Fn(&LoggedEvent) + 'a {
         move |event| {
             if let Some(observe) = self.observer.get() {
                 observe(id, event)
             }
         }
+    }
+
+    #[cfg(not(feature = "bench-hooks"))]
+    fn observed(&self, _id: &str) -> impl Fn(&LoggedEvent) {
+        |_| {}
     }
 
     /// Subscribes to Session `id`'s feed, starting it when this is the first

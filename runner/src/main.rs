@@ -1,8 +1,8 @@
-//! `mango-worker item`: runs one acknowledged Work item inside its sandbox.
+//! `mango-runner`: runs one acknowledged Work item inside its sandbox.
 //! Identity comes from the environment; the Work secret arrives once on stdin.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use mango_client::Client;
 use mango_runner::healthcheck;
 use mango_runner::lease::Lease;
@@ -15,20 +15,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// Run one acknowledged Work item; the Work secret is read from stdin.
 #[derive(Parser)]
-#[command(name = "mango-worker", version, about = "Mango worker processes")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run one acknowledged Work item; the Work secret is read from stdin.
-    Item(Identity),
-}
-
-#[derive(clap::Args)]
+#[command(name = "mango-runner", version)]
 struct Identity {
     #[arg(long, env = "MANGO_BASE_URL")]
     base_url: String,
@@ -60,12 +49,10 @@ struct Identity {
 fn main() -> ExitCode {
     // Before anything else, and before the secret exists in this process.
     if let Err(err) = secret::become_non_dumpable() {
-        eprintln!("mango-worker: cannot make the process non-dumpable: {err}");
+        eprintln!("mango-runner: cannot make the process non-dumpable: {err}");
         return ExitCode::from(2);
     }
-    let Cli {
-        command: Command::Item(identity),
-    } = Cli::parse();
+    let identity = Identity::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("MANGO_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()

@@ -1,0 +1,356 @@
+//! The agent loop against a scripted model endpoint, on PostgreSQL.
+use mango_api::context::Secret;
+use mango_api::Settings;
+use mango_testkit::turns::{idle_with, say, session_with_tools, types, until};
+use mango_testkit::TestApp;
+use mango_testkit::{model_reply, ScriptedModel};
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const MODEL_KEY: &str = "sk-model-secret-never-stored";
+
+async fn app_with_model(db: sqlx::PgPool, model: &ScriptedModel) -> TestApp {
+    TestApp::start_with(
+        db,
+        Settings {
+            model_base_url: Some(model.base.clone()),
+            model_api_key: Some(Secret(MODEL_KEY.into())),
+            ..Settings::default()
+        },
+    )
+    .await
+}
+
+async fn send(app: &TestApp, session: &str, credential: &str, events: Value) -> Value {
+    let r = app
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{session}/events"),
+            Some(credential),
+            Some(json!({"events": events})),
+        )
+        .await;
+    r.expect(200);
+    r.body
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_text_reply_ends_the_turn(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![(
+        200,
+        model_reply(json!([{"type": "text", "text": "hello there"}]), "end_turn"),
+    )])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([])).await;
+    say(&app, &s, "hi").await;
+    let e = until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
+    assert_eq!(
+        types(&e),
+        [
+            "user.message",
+            "session.status_running",
+            "span.model_request_start",
+            "agent.message",
+            "span.model_request_end",
+            "session.status_idle"
+        ]
+    );
+    assert_eq!(e[3]["content"][0]["text"], "hello there");
+    assert_eq!(e[4]["model_request_start_id"], e[2]["id"]);
+    assert_eq!(e[4]["model_usage"]["input_tokens"], 12);
+
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1, "one model call per turn");
+    let (headers, body) = &requests[0];
+    assert_eq!(headers.get("x-api-key").unwrap(), MODEL_KEY);
+    assert_eq!(body["model"], "claude-scripted");
+    assert_eq!(body["system"], "be brief");
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    );
+    let everything = serde_json::to_string(&e).unwrap();
+    assert!(
+        !everything.contains(MODEL_KEY),
+        "the model key never reaches an event"
+    );
+    let status = app
+        .call(
+            Method::GET,
+            &format!("/v1/sessions/{s}"),
+            Some(&app.ws_key),
+            None,
+        )
+        .await;
+    assert_eq!(status.body["status"], "idle");
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn tool_calls_wait_for_results_then_the_model_continues(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![
+        (200, model_reply(json!([
+            {"type": "text", "text": "running it"},
+            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "echo hi"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "no_such_tool", "input": {}}
+        ]), "tool_use")),
+        (200, model_reply(json!([{"type": "text", "text": "all done"}]), "end_turn")),
+    ])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    say(&app, &s, "go").await;
+    let e = until(&app, &s, "requires_action", |e| {
+        idle_with(e, "requires_action")
+    })
+    .await;
+    let call = e
+        .iter()
+        .find(|e| e["type"] == "agent.tool_use" && e["name"] == "bash")
+        .unwrap()
+        .clone();
+    let unknown = e.iter().find(|e| e["name"] == "no_such_tool").unwrap();
+    assert_eq!(call["evaluated_permission"], "allow");
+    assert_eq!(
+        unknown["evaluated_permission"], "deny",
+        "a tool the agent does not have is refused, visibly"
+    );
+    assert_eq!(
+        e.last().unwrap()["stop_reason"]["event_ids"],
+        json!([call["id"]])
+    );
+
+    // The worker answers with its sessions token.
+    let claim = app.poll().await.expect("session work for the tool call");
+    app.ack(&claim.id).await.expect(200);
+    send(&app, &s, &claim.token, json!([{"type": "user.tool_result", "tool_use_id": call["id"], "content": [{"type": "text", "text": "hi"}], "is_error": false}])).await;
+    let e = until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
+    assert_eq!(
+        e.iter()
+            .filter(|e| e["type"] == "span.model_request_start")
+            .count(),
+        2
+    );
+    let second = &model.requests()[1].1;
+    let results: Vec<&Value> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().unwrap())
+        .filter(|b| b["type"] == "tool_result")
+        .collect();
+    assert_eq!(
+        results.len(),
+        2,
+        "the model sees the bash result and the refusal: {second:#}"
+    );
+    assert!(results
+        .iter()
+        .any(|r| r["tool_use_id"] == call["id"] && r["content"][0]["text"] == "hi"));
+    assert!(results
+        .iter()
+        .any(|r| r["tool_use_id"] == unknown["id"] && r["is_error"] == true));
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![
+        (
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+        ),
+        (
+            200,
+            model_reply(json!([{"type": "text", "text": "ok"}]), "end_turn"),
+        ),
+        (
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}),
+        ),
+        (
+            200,
+            model_reply(json!([{"type": "text", "text": "back"}]), "end_turn"),
+        ),
+    ])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([])).await;
+    say(&app, &s, "1").await;
+    let e = until(&app, &s, "retry then end of turn", |e| {
+        idle_with(e, "end_turn")
+    })
+    .await;
+    let error = e
+        .iter()
+        .find(|e| e["type"] == "session.error")
+        .expect("the overload is reported");
+    assert_eq!(error["error"]["type"], "model_overloaded_error");
+    assert_eq!(error["error"]["retry_status"]["type"], "retrying");
+    assert_eq!(
+        e.iter()
+            .filter(|e| e["type"] == "span.model_request_start")
+            .count(),
+        1,
+        "the retry resumes the same request"
+    );
+
+    // A permanent failure ends the turn with an error, and the next message works.
+    say(&app, &s, "2").await;
+    let e = until(&app, &s, "a failed turn", |e| {
+        idle_with(e, "retries_exhausted")
+    })
+    .await;
+    assert_eq!(
+        e.iter()
+            .rev()
+            .find(|e| e["type"] == "session.error")
+            .unwrap()["error"]["retry_status"]["type"],
+        "terminal"
+    );
+    say(&app, &s, "3").await;
+    let e = until(&app, &s, "recovery", |e| {
+        idle_with(e, "end_turn") && e.iter().any(|x| x["content"][0]["text"] == "back")
+    })
+    .await;
+    assert_eq!(model.requests().len(), 4);
+    let _ = e;
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_stays_usable(
+    db: sqlx::PgPool,
+) {
+    // A port nothing listens on: bind one, then free it.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let app = TestApp::start_with(
+        db,
+        Settings {
+            model_base_url: Some(closed),
+            model_retry_backoff: Duration::from_millis(20),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let s = session_with_tools(&app, json!([])).await;
+    say(&app, &s, "hi").await;
+    let e = until(&app, &s, "retries exhausted", |e| {
+        idle_with(e, "retries_exhausted")
+    })
+    .await;
+    let errors: Vec<&Value> = e.iter().filter(|e| e["type"] == "session.error").collect();
+    assert_eq!(errors.len(), 4, "three retries, then the final error");
+    assert!(errors
+        .iter()
+        .all(|e| e["error"]["type"] == "model_request_failed_error"));
+    assert_eq!(
+        errors.last().unwrap()["error"]["retry_status"]["type"],
+        "exhausted"
+    );
+    assert!(errors[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unreachable"));
+    let end = e
+        .iter()
+        .find(|e| e["type"] == "span.model_request_end")
+        .unwrap();
+    assert_eq!(end["is_error"], true);
+    // The Session still takes input.
+    say(&app, &s, "again").await;
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn calls_still_waiting_when_the_work_stops_get_a_new_activation(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![(
+        200,
+        model_reply(json!([{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "true"}}]), "tool_use"),
+    )])
+    .await;
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    say(&app, &s, "go").await;
+    until(&app, &s, "requires_action", |e| {
+        idle_with(e, "requires_action")
+    })
+    .await;
+    let first = app.poll().await.expect("the Session's Work");
+    app.ack(&first.id).await.expect(200);
+    // The Work goes away before anyone ran the call.
+    app.stop_work(&first.id, true).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        if let Some(claim) = app.poll().await {
+            break claim;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new activation for the waiting call"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_ne!(second.id, first.id);
+    assert_eq!(second.work["data"], json!({"type": "session", "id": s}));
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "no extra model call: the turn is still waiting for the result"
+    );
+}
+
+/// The loop's clean-up takes the Session row before the Session's wake-up
+/// rows, in the order a deletion takes them, so the two cannot deadlock: a
+/// Session deleted while a step looks at it ends the step quietly, leaving
+/// no row behind and starting no Work for it.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    // A call a worker could run, and no live Work to run it: the step will
+    // want a new activation.
+    let s = app.create_session().await;
+    app.send(
+        &s,
+        json!([{"type": "user.message", "content": [{"type": "text", "text": "go"}]}]),
+    )
+    .await
+    .expect(200);
+    mango_api::admission::append_agent_events(
+        &app.db,
+        &s,
+        vec![
+            json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "true"},
+                    "evaluated_permission": "allow"}),
+        ],
+    )
+    .await
+    .unwrap();
+    let claim = app.claim_session_work().await;
+    app.stop_work(&claim.id, true).await;
+    assert!(app.count_for("outbox", &s).await > 0);
+
+    let deleting = app.delete_session_uncommitted(&s).await;
+    let step = {
+        let (ctx, s) = (app.ctx.clone(), s.clone());
+        tokio::spawn(async move {
+            // Never called: the step only waits for a worker.
+            let model = mango_api::agent_loop::ModelEndpoint::new("http://127.0.0.1:9", None);
+            mango_api::agent_loop::drive(&ctx, &model, &s).await
+        })
+    };
+    // The step reads the Session (the deletion is not committed) and then
+    // waits for a row the deletion holds.
+    let stepped = app.commit_past(deleting, step, "the step").await;
+    assert!(
+        matches!(stepped, Ok(true)),
+        "{:?}",
+        stepped.err().map(|e| e.message)
+    );
+    assert_eq!(
+        app.session_counts(&s).await,
+        (0, 0, 0),
+        "events, work, outbox"
+    );
+}

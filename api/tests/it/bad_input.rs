@@ -1,0 +1,769 @@
+//! Bad input: malformed JSON, wrong shapes and types, unknown fields and enum
+//! values, and every limit on both sides of its edge. Each refusal must be a
+//! complete error envelope and must leave the stored rows exactly as they were.
+
+use mango_testkit::*;
+
+use base64::Engine;
+use reqwest::Method;
+use serde_json::{json, Map, Value};
+
+const NO_HB: &str = "NO_HEARTBEAT";
+
+// ------------------------------------------------------------------ helpers
+
+/// The whole stored row, so any half-written change shows.
+async fn work_row(app: &TestApp, id: &str) -> Value {
+    sqlx::query_scalar("SELECT to_jsonb(w) FROM work w WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+async fn env_row(app: &TestApp, id: &str) -> Value {
+    sqlx::query_scalar("SELECT to_jsonb(e) FROM environments e WHERE id = $1")
+        .bind(id)
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+async fn count(app: &TestApp, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(&app.db)
+        .await
+        .unwrap()
+}
+
+#[track_caller]
+fn assert_400(r: &Reply, code: &str, what: &str) {
+    assert_eq!(r.status.as_u16(), 400, "{what}: {}", r.body);
+    r.expect(400);
+    assert_eq!(r.error_type(), Some("invalid_request_error"), "{what}");
+    assert_eq!(r.code(), Some(code), "{what}: {}", r.body);
+}
+
+fn keys(n: usize) -> Value {
+    Value::Object((0..n).map(|i| (format!("k{i}"), json!("v"))).collect())
+}
+
+fn one(key: &str, value: &str) -> Value {
+    let mut m = Map::new();
+    m.insert(key.into(), json!(value));
+    Value::Object(m)
+}
+
+/// Every body-taking endpoint, as (method, path, credential) for one active item.
+struct Endpoints {
+    list: Vec<(&'static str, Method, String, String)>,
+}
+
+async fn body_endpoints(app: &TestApp, id: &str, token: &str) -> Endpoints {
+    let w = |s: &str| app.work_path(&format!("/{id}{s}"));
+    Endpoints {
+        list: vec![
+            (
+                "create work",
+                Method::POST,
+                app.work_path(""),
+                app.ws_key.clone(),
+            ),
+            ("update work", Method::POST, w(""), app.ws_key.clone()),
+            ("stop", Method::POST, w("/stop"), app.ws_key.clone()),
+            (
+                "heartbeat",
+                Method::POST,
+                w("/heartbeat"),
+                token.to_string(),
+            ),
+            ("result", Method::POST, w("/result"), token.to_string()),
+            ("fail", Method::POST, w("/fail"), token.to_string()),
+            (
+                "create environment",
+                Method::POST,
+                "/v1/environments".into(),
+                app.ws_key.clone(),
+            ),
+            (
+                "update environment",
+                Method::POST,
+                format!("/v1/environments/{}", app.env_id),
+                app.ws_key.clone(),
+            ),
+        ],
+    }
+}
+
+/// Sends each raw body to each endpoint; all must be 400 `code` and change nothing.
+async fn refuse_raw_everywhere(app: &TestApp, bodies: &[&str], code: &str) {
+    let (claim, _) = app.active_check().await;
+    let endpoints = body_endpoints(app, &claim.id, &claim.token).await;
+    let work_before = work_row(app, &claim.id).await;
+    let env_before = env_row(app, &app.env_id).await;
+    let counts = (count(app, "work").await, count(app, "environments").await);
+    for (name, method, path, cred) in &endpoints.list {
+        for body in bodies {
+            let r = app.call_raw(method.clone(), path, Some(cred), body).await;
+            assert_400(&r, code, &format!("{name} with {body:?}"));
+        }
+    }
+    assert_eq!(work_row(app, &claim.id).await, work_before);
+    assert_eq!(env_row(app, &app.env_id).await, env_before);
+    assert_eq!(
+        (count(app, "work").await, count(app, "environments").await),
+        counts
+    );
+}
+
+// ------------------------------------------------------------------ JSON shape
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn malformed_json_is_400_invalid_json(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    refuse_raw_everywhere(
+        &app,
+        &[
+            "{",
+            "{\"data\":",
+            "nope",
+            "{\"a\":1}}",
+            "{'a': 1}",
+            "\u{feff}{}",
+        ],
+        "invalid_json",
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn non_object_bodies_are_400_invalid_json(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    refuse_raw_everywhere(
+        &app,
+        &["[]", "[{}]", "\"x\"", "1", "null", "true"],
+        "invalid_json",
+    )
+    .await;
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn empty_body_is_refused_where_a_body_is_required(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (claim, _) = app.active_check().await;
+    let before = work_row(&app, &claim.id).await;
+    let counts = (count(&app, "work").await, count(&app, "environments").await);
+    let id = &claim.id;
+    for (method, path, cred) in [
+        (Method::POST, app.work_path(""), &app.ws_key),
+        (Method::POST, app.work_path(&format!("/{id}")), &app.ws_key),
+        (
+            Method::POST,
+            app.work_path(&format!("/{id}/result")),
+            &claim.token,
+        ),
+        (
+            Method::POST,
+            app.work_path(&format!("/{id}/fail")),
+            &claim.token,
+        ),
+        (Method::POST, "/v1/environments".to_string(), &app.ws_key),
+    ] {
+        for body in ["", "  \n"] {
+            let r = app.call_raw(method.clone(), &path, Some(cred), body).await;
+            assert_400(&r, "invalid_json", &format!("{path} with {body:?}"));
+        }
+    }
+    assert_eq!(work_row(&app, &claim.id).await, before);
+    assert_eq!(
+        (count(&app, "work").await, count(&app, "environments").await),
+        counts
+    );
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn oversized_body_is_413(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let big = format!(
+        "{{\"data\":{{\"type\":\"healthcheck\"}},\"metadata\":{{\"k\":\"{}\"}}}}",
+        "x".repeat(1024 * 1024)
+    );
+    let r = app
+        .call_raw(Method::POST, &app.work_path(""), Some(&app.ws_key), &big)
+        .await;
+    r.expect(413);
+    assert_eq!(count(&app, "work").await, 0);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn unknown_routes_and_methods_answer_in_the_envelope(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let r = app
+        .call(Method::GET, "/v1/nothing-here", Some(&app.ws_key), None)
+        .await;
+    r.expect(404);
+    let r = app
+        .call(Method::DELETE, &app.work_path(""), Some(&app.ws_key), None)
+        .await;
+    r.expect(405);
+}
+
+// ------------------------------------------------------------------ types, unknown fields, enums
+
+/// (what, method, path, credential, body) cases for one active item.
+type Case = (&'static str, Method, String, String, Value);
+
+/// One line per case, so the table stays a table.
+#[rustfmt::skip]
+fn typed_cases(app: &TestApp, id: &str, token: &str, last: &str) -> Vec<(Case, &'static str)> {
+    let w = |s: &str| app.work_path(&format!("/{id}{s}"));
+    let ws = app.ws_key.clone();
+    let tok = token.to_string();
+    let env = format!("/v1/environments/{}", app.env_id);
+    let p = "invalid_parameter";
+    let m = "invalid_metadata";
+    let hc = json!({"type": "healthcheck"});
+    vec![
+        // Wrong types.
+        (("create: data is a string", Method::POST, app.work_path(""), ws.clone(), json!({"data": "healthcheck"})), p),
+        (("create: data is an array", Method::POST, app.work_path(""), ws.clone(), json!({"data": [hc]})), p),
+        (("create: data is null", Method::POST, app.work_path(""), ws.clone(), json!({"data": null})), p),
+        (("create: metadata is a string", Method::POST, app.work_path(""), ws.clone(), json!({"data": hc, "metadata": "a=1"})), m),
+        (("create: metadata value is a number", Method::POST, app.work_path(""), ws.clone(), json!({"data": hc, "metadata": {"k": 1}})), m),
+        (("create: metadata value is null", Method::POST, app.work_path(""), ws.clone(), json!({"data": hc, "metadata": {"k": null}})), m),
+        (("update: metadata is an array", Method::POST, w(""), ws.clone(), json!({"metadata": ["a"]})), m),
+        (("update: metadata value is an object", Method::POST, w(""), ws.clone(), json!({"metadata": {"k": {}}})), m),
+        (("stop: force is a string", Method::POST, w("/stop"), ws.clone(), json!({"force": "yes"})), p),
+        (("stop: force is a number", Method::POST, w("/stop"), ws.clone(), json!({"force": 1})), p),
+        (("heartbeat: expected is a number", Method::POST, w("/heartbeat"), tok.clone(), json!({"expected_last_heartbeat": 5})), p),
+        (("heartbeat: ttl is a string", Method::POST, w("/heartbeat"), tok.clone(), json!({"expected_last_heartbeat": last, "desired_ttl_seconds": "30"})), p),
+        (("heartbeat: ttl is fractional", Method::POST, w("/heartbeat"), tok.clone(), json!({"expected_last_heartbeat": last, "desired_ttl_seconds": 30.5})), p),
+        (("result: status is a number", Method::POST, w("/result"), tok.clone(), json!({"status": 1, "message": "m"})), p),
+        (("result: message is a number", Method::POST, w("/result"), tok.clone(), json!({"status": "succeeded", "message": 5})), p),
+        (("result: message missing", Method::POST, w("/result"), tok.clone(), json!({"status": "succeeded"})), p),
+        (("result: status missing", Method::POST, w("/result"), tok.clone(), json!({"message": "m"})), p),
+        (("fail: error missing", Method::POST, w("/fail"), tok.clone(), json!({})), p),
+        (("fail: error is a string", Method::POST, w("/fail"), tok.clone(), json!({"error": "boom"})), p),
+        (("fail: message is a number", Method::POST, w("/fail"), tok.clone(), json!({"error": {"message": 5}})), p),
+        (("fail: message is empty", Method::POST, w("/fail"), tok.clone(), json!({"error": {"message": " "}})), p),
+        (("env create: name is a number", Method::POST, "/v1/environments".into(), ws.clone(), json!({"name": 7})), p),
+        (("env update: description is a number", Method::POST, env.clone(), ws.clone(), json!({"description": 5})), p),
+        (("env update: metadata is a list", Method::POST, env.clone(), ws.clone(), json!({"metadata": []})), m),
+        // Unknown fields.
+        (("create: unknown field", Method::POST, app.work_path(""), ws.clone(), json!({"data": hc, "priority": 1})), p),
+        (("create: unknown data field", Method::POST, app.work_path(""), ws.clone(), json!({"data": {"type": "healthcheck", "command": "id"}})), p),
+        (("update: unknown field", Method::POST, w(""), ws.clone(), json!({"metadata": {}, "state": "stopped"})), p),
+        (("stop: unknown field", Method::POST, w("/stop"), ws.clone(), json!({"force": true, "reason": "x"})), p),
+        (("heartbeat: unknown field", Method::POST, w("/heartbeat"), tok.clone(), json!({"expected_last_heartbeat": last, "lease": 1})), p),
+        (("result: unknown field", Method::POST, w("/result"), tok.clone(), json!({"status": "succeeded", "message": "m", "at": 1})), p),
+        (("fail: unknown field", Method::POST, w("/fail"), tok.clone(), json!({"error": {"message": "m"}, "retry": false})), p),
+        (("fail: unknown error field", Method::POST, w("/fail"), tok.clone(), json!({"error": {"message": "m", "code": 3}})), p),
+        (("env create: unknown field", Method::POST, "/v1/environments".into(), ws.clone(), json!({"name": "n", "owner": "me"})), p),
+        (("env update: unknown field", Method::POST, env.clone(), ws.clone(), json!({"owner": "me"})), p),
+        // Unknown enum values.
+        (("create: data.type session", Method::POST, app.work_path(""), ws.clone(), json!({"data": {"type": "session", "id": "sesn_1"}})), p),
+        (("create: data.type cron", Method::POST, app.work_path(""), ws.clone(), json!({"data": {"type": "cron"}})), p),
+        (("create: data.type empty", Method::POST, app.work_path(""), ws.clone(), json!({"data": {"type": ""}})), p),
+        (("create: data.type missing", Method::POST, app.work_path(""), ws.clone(), json!({"data": {}})), p),
+        (("result: status timed_out", Method::POST, w("/result"), tok.clone(), json!({"status": "timed_out", "message": "m"})), p),
+        (("result: status cancelled", Method::POST, w("/result"), tok.clone(), json!({"status": "cancelled", "message": "m"})), p),
+        (("result: status SUCCEEDED", Method::POST, w("/result"), tok.clone(), json!({"status": "SUCCEEDED", "message": "m"})), p),
+        (("result: status empty", Method::POST, w("/result"), tok.clone(), json!({"status": "", "message": "m"})), p),
+        (("env create: scope", Method::POST, "/v1/environments".into(), ws.clone(), json!({"name": "n", "scope": "team"})), p),
+        (("env update: scope", Method::POST, env, ws, json!({"scope": "team"})), p),
+    ]
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn wrong_types_unknown_fields_and_unknown_enum_values_are_400(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (claim, last) = app.active_check().await;
+    let work_before = work_row(&app, &claim.id).await;
+    let env_before = env_row(&app, &app.env_id).await;
+    let counts = (count(&app, "work").await, count(&app, "environments").await);
+    for ((what, method, path, cred, body), code) in
+        typed_cases(&app, &claim.id, &claim.token, &last)
+    {
+        let r = app.call(method, &path, Some(&cred), Some(body)).await;
+        assert_400(&r, code, what);
+        assert_eq!(
+            work_row(&app, &claim.id).await,
+            work_before,
+            "{what} changed the item"
+        );
+    }
+    assert_eq!(env_row(&app, &app.env_id).await, env_before);
+    assert_eq!(
+        (count(&app, "work").await, count(&app, "environments").await),
+        counts
+    );
+    // The item is still the live, active lease it was.
+    app.heartbeat(&claim.id, &claim.token, &last)
+        .await
+        .expect(200);
+}
+
+// ------------------------------------------------------------------ heartbeat parameters
+
+async fn lease_seconds(app: &TestApp, id: &str) -> f64 {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM lease_expires_at - latest_heartbeat_at)::float8 FROM work WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&app.db)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn desired_ttl_seconds_is_1_through_300(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    app.create_check().await;
+    let c = app.poll().await.unwrap();
+    app.ack(&c.id).await.expect(200);
+    let hb = app.work_path(&format!("/{}/heartbeat", c.id));
+    let query = |expected: &str, ttl: &str| {
+        format!(
+            "{hb}?expected_last_heartbeat={}&desired_ttl_seconds={ttl}",
+            urlencode(expected)
+        )
+    };
+
+    let before = work_row(&app, &c.id).await;
+    for ttl in ["0", "301", "-1", "ten", "1.5", ""] {
+        let r = app
+            .call(Method::POST, &query(NO_HB, ttl), Some(&c.token), None)
+            .await;
+        assert_400(&r, "invalid_parameter", &format!("query ttl {ttl:?}"));
+    }
+    for ttl in [json!(0), json!(301)] {
+        let body = json!({"expected_last_heartbeat": NO_HB, "desired_ttl_seconds": ttl});
+        let r = app
+            .call(Method::POST, &hb, Some(&c.token), Some(body))
+            .await;
+        assert_400(&r, "invalid_parameter", &format!("body ttl {ttl}"));
+    }
+    assert_eq!(
+        work_row(&app, &c.id).await,
+        before,
+        "no refused beat claimed the lease"
+    );
+
+    let r = app
+        .call(Method::POST, &query(NO_HB, "1"), Some(&c.token), None)
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["ttl_seconds"], 1);
+    assert!((lease_seconds(&app, &c.id).await - 1.0).abs() < 0.01);
+    let last = r.body["last_heartbeat"].as_str().unwrap().to_string();
+
+    let r = app
+        .call(Method::POST, &query(&last, "300"), Some(&c.token), None)
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["ttl_seconds"], 300);
+    assert!((lease_seconds(&app, &c.id).await - 300.0).abs() < 0.01);
+    let last = r.body["last_heartbeat"].as_str().unwrap().to_string();
+
+    let before = work_row(&app, &c.id).await;
+    let r = app
+        .call(Method::POST, &query(&last, "301"), Some(&c.token), None)
+        .await;
+    assert_400(&r, "invalid_parameter", "ttl 301 on a live lease");
+    assert_eq!(work_row(&app, &c.id).await, before);
+
+    let body = json!({"expected_last_heartbeat": last, "desired_ttl_seconds": 1});
+    let r = app
+        .call(Method::POST, &hb, Some(&c.token), Some(body))
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["ttl_seconds"], 1);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn bad_expected_last_heartbeat_is_400(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (c, last) = app.active_check().await;
+    let before = work_row(&app, &c.id).await;
+    let hb = app.work_path(&format!("/{}/heartbeat", c.id));
+    for bad in [
+        "yesterday",
+        "no_heartbeat",
+        "",
+        "2026-13-01T00:00:00Z",
+        "2026-01-01 00:00:00",
+        "1767225600",
+    ] {
+        let r = app.heartbeat(&c.id, &c.token, bad).await;
+        assert_400(&r, "invalid_parameter", &format!("query {bad:?}"));
+        let body = json!({ "expected_last_heartbeat": bad });
+        let r = app
+            .call(Method::POST, &hb, Some(&c.token), Some(body))
+            .await;
+        assert_400(&r, "invalid_parameter", &format!("body {bad:?}"));
+    }
+    for missing in [
+        None,
+        Some(json!({})),
+        Some(json!({"expected_last_heartbeat": null})),
+    ] {
+        let r = app.call(Method::POST, &hb, Some(&c.token), missing).await;
+        assert_400(&r, "invalid_parameter", "missing expected_last_heartbeat");
+    }
+    assert_eq!(work_row(&app, &c.id).await, before);
+    // The same instant in another offset is the same heartbeat.
+    let t = mango_protocol::time::parse(&last).unwrap();
+    let shifted = t
+        .with_timezone(&chrono::FixedOffset::east_opt(2 * 3600).unwrap())
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, false);
+    assert_ne!(shifted, last);
+    app.heartbeat(&c.id, &c.token, &shifted).await.expect(200);
+}
+
+// ------------------------------------------------------------------ poll parameters
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn block_ms_is_1_through_999(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let id = app.create_check().await;
+    let before = work_row(&app, &id).await;
+    let poll = |q: &str| app.work_path(&format!("/poll{q}"));
+    for q in [
+        "?block_ms=0",
+        "?block_ms=1000",
+        "?block_ms=-5",
+        "?block_ms=fast",
+    ] {
+        let r = app
+            .call(Method::GET, &poll(q), Some(&app.env_key), None)
+            .await;
+        assert_400(&r, "invalid_parameter", q);
+    }
+    for q in [
+        "?reclaim_older_than_ms=-1",
+        "?reclaim_older_than_ms=soon",
+        "?reclaim_older_than_ms=86400001",
+    ] {
+        let r = app
+            .call(Method::GET, &poll(q), Some(&app.env_key), None)
+            .await;
+        assert_400(&r, "invalid_parameter", q);
+    }
+    let too_long = format!("?worker_id={}", "w".repeat(257));
+    let r = app
+        .call(Method::GET, &poll(&too_long), Some(&app.env_key), None)
+        .await;
+    assert_400(&r, "invalid_parameter", "worker id of 257 characters");
+    let r = app
+        .http
+        .get(format!("{}{}", app.base, poll("")))
+        .bearer_auth(&app.env_key)
+        .header("anthropic-worker-id", "w".repeat(257))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(
+        work_row(&app, &id).await,
+        before,
+        "no refused Poll claimed it"
+    );
+
+    // The accepted edges: 999 with an item returns it at once; 1 on an empty queue is null.
+    let started = std::time::Instant::now();
+    let claim = app
+        .poll_query(&format!("?block_ms=999&worker_id={}", "w".repeat(256)))
+        .await
+        .expect("the queued item");
+    assert_eq!(claim.id, id);
+    assert!(started.elapsed() < std::time::Duration::from_millis(900));
+    assert!(app.poll_query("?block_ms=1").await.is_none());
+}
+
+// ------------------------------------------------------------------ result / fail message
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn result_message_is_at_most_1024_characters(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (c, _) = app.active_check().await;
+    let result = app.work_path(&format!("/{}/result", c.id));
+    let before = work_row(&app, &c.id).await;
+    let body = json!({"status": "succeeded", "message": "m".repeat(1025)});
+    let r = app
+        .call(Method::POST, &result, Some(&c.token), Some(body))
+        .await;
+    assert_400(&r, "invalid_parameter", "message of 1025 characters");
+    assert_eq!(work_row(&app, &c.id).await, before);
+
+    let message = "é".repeat(1024);
+    let body = json!({"status": "succeeded", "message": message});
+    let r = app
+        .call(Method::POST, &result, Some(&c.token), Some(body))
+        .await;
+    r.expect(200);
+    assert_eq!(
+        r.body["result"]["message"], message,
+        "counted in characters, stored whole"
+    );
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn fail_message_is_at_most_1024_characters(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (c, _) = app.active_check().await;
+    let fail = app.work_path(&format!("/{}/fail", c.id));
+    let before = work_row(&app, &c.id).await;
+    let body = json!({"error": {"message": "m".repeat(1025)}});
+    let r = app
+        .call(Method::POST, &fail, Some(&c.token), Some(body))
+        .await;
+    assert_400(&r, "invalid_parameter", "message of 1025 characters");
+    assert_eq!(work_row(&app, &c.id).await, before);
+
+    let body = json!({"error": {"message": "m".repeat(1024)}});
+    let r = app
+        .call(Method::POST, &fail, Some(&c.token), Some(body))
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["result"]["message"].as_str().unwrap().len(), 1024);
+}
+
+// ------------------------------------------------------------------ metadata limits
+
+/// (metadata, accepted?) on both sides of each edge.
+fn metadata_edges() -> Vec<(Value, bool)> {
+    vec![
+        (keys(16), true),
+        (keys(17), false),
+        (one(&"k".repeat(64), "v"), true),
+        (one(&"k".repeat(65), "v"), false),
+        (one("k", &"v".repeat(512)), true),
+        (one("k", &"v".repeat(513)), false),
+        (one("k", &"é".repeat(512)), true),
+        (one("", "v"), false),
+    ]
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn work_metadata_limits_on_create(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    for (metadata, ok) in metadata_edges() {
+        let before = count(&app, "work").await;
+        let body = json!({"data": {"type": "healthcheck"}, "metadata": metadata});
+        let r = app
+            .call(
+                Method::POST,
+                &app.work_path(""),
+                Some(&app.ws_key),
+                Some(body),
+            )
+            .await;
+        if ok {
+            r.expect(201);
+            assert_eq!(r.body["metadata"], metadata);
+            assert_eq!(count(&app, "work").await, before + 1);
+        } else {
+            assert_400(&r, "invalid_metadata", &metadata.to_string());
+            assert_eq!(count(&app, "work").await, before, "no row for {metadata}");
+        }
+    }
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn work_metadata_limits_on_update(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let id = app.create_check().await;
+    let path = app.work_path(&format!("/{id}"));
+    for (metadata, ok) in metadata_edges() {
+        // Start each case from an empty map.
+        let clear: Map<String, Value> = app.get_work(&id).await["metadata"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| (k.clone(), Value::Null))
+            .collect();
+        app.call(
+            Method::POST,
+            &path,
+            Some(&app.ws_key),
+            Some(json!({"metadata": clear})),
+        )
+        .await
+        .expect(200);
+        let before = work_row(&app, &id).await;
+        let r = app
+            .call(
+                Method::POST,
+                &path,
+                Some(&app.ws_key),
+                Some(json!({"metadata": metadata})),
+            )
+            .await;
+        if ok {
+            r.expect(200);
+            assert_eq!(r.body["metadata"], metadata);
+        } else {
+            assert_400(&r, "invalid_metadata", &metadata.to_string());
+            assert_eq!(
+                work_row(&app, &id).await,
+                before,
+                "{metadata} changed the item"
+            );
+        }
+    }
+    // The 16-key limit applies to the merged result.
+    app.call(
+        Method::POST,
+        &path,
+        Some(&app.ws_key),
+        Some(json!({"metadata": keys(16)})),
+    )
+    .await
+    .expect(200);
+    let before = work_row(&app, &id).await;
+    let r = app
+        .call(
+            Method::POST,
+            &path,
+            Some(&app.ws_key),
+            Some(json!({"metadata": {"extra": "x"}})),
+        )
+        .await;
+    assert_400(&r, "invalid_metadata", "a 17th key");
+    assert_eq!(work_row(&app, &id).await, before);
+    let r = app
+        .call(
+            Method::POST,
+            &path,
+            Some(&app.ws_key),
+            Some(json!({"metadata": {"extra": "x", "k0": null}})),
+        )
+        .await;
+    r.expect(200);
+    assert_eq!(r.body["metadata"].as_object().unwrap().len(), 16);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn environment_metadata_limits(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let env = format!("/v1/environments/{}", app.env_id);
+    for (metadata, ok) in metadata_edges() {
+        let envs = count(&app, "environments").await;
+        let body = json!({"name": "edge", "metadata": metadata});
+        let r = app
+            .call(
+                Method::POST,
+                "/v1/environments",
+                Some(&app.ws_key),
+                Some(body),
+            )
+            .await;
+        let before = env_row(&app, &app.env_id).await;
+        let patch = app
+            .call(
+                Method::POST,
+                &env,
+                Some(&app.ws_key),
+                Some(json!({"metadata": metadata})),
+            )
+            .await;
+        if ok {
+            r.expect(200);
+            assert_eq!(r.body["metadata"], metadata);
+            patch.expect(200);
+            // Clean up for the next case.
+            let clear: Map<String, Value> = patch.body["metadata"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| (k.clone(), Value::Null))
+                .collect();
+            app.call(
+                Method::POST,
+                &env,
+                Some(&app.ws_key),
+                Some(json!({"metadata": clear})),
+            )
+            .await
+            .expect(200);
+        } else {
+            assert_400(&r, "invalid_metadata", &format!("create {metadata}"));
+            assert_eq!(count(&app, "environments").await, envs);
+            assert_400(&patch, "invalid_metadata", &format!("update {metadata}"));
+            assert_eq!(env_row(&app, &app.env_id).await, before);
+        }
+    }
+}
+
+// ------------------------------------------------------------------ list parameters
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn limit_is_1_through_100(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    for _ in 0..3 {
+        app.create_check().await;
+        app.create_environment("e").await;
+    }
+    // 3 Work items; 4 Environments (the harness made one).
+    for (base, total) in [(app.work_path(""), 3), ("/v1/environments".to_string(), 4)] {
+        let app = &app;
+        let get = |limit: &str| {
+            let path = format!("{base}?limit={limit}");
+            async move { app.call(Method::GET, &path, Some(&app.ws_key), None).await }
+        };
+        let r = get("1").await;
+        r.expect(200);
+        assert_eq!(r.body["data"].as_array().unwrap().len(), 1);
+        assert!(r.body["next_page"].is_string());
+        let r = get("100").await;
+        r.expect(200);
+        assert_eq!(r.body["data"].as_array().unwrap().len(), total);
+        assert!(r.body["next_page"].is_null());
+        for limit in ["0", "101", "-1", "ten"] {
+            assert_400(
+                &get(limit).await,
+                "invalid_parameter",
+                &format!("{base}?limit={limit}"),
+            );
+        }
+    }
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn bad_page_cursor_is_400_invalid_cursor(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    app.create_check().await;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let cursors = [
+        "garbage!".to_string(),
+        "%FF%FE".to_string(),
+        b64("v2:1:work_x"),
+        b64("v1:abc:work_x"),
+        b64("v1:1"),
+        b64("v1:99999999999999999999:x"),
+    ];
+    for base in [app.work_path(""), "/v1/environments".to_string()] {
+        for cursor in &cursors {
+            let r = app
+                .call(
+                    Method::GET,
+                    &format!("{base}?page={cursor}"),
+                    Some(&app.ws_key),
+                    None,
+                )
+                .await;
+            assert_400(&r, "invalid_cursor", &format!("{base}?page={cursor}"));
+        }
+        // An empty page parameter means the first page.
+        let r = app
+            .call(
+                Method::GET,
+                &format!("{base}?page="),
+                Some(&app.ws_key),
+                None,
+            )
+            .await;
+        r.expect(200);
+        assert_eq!(r.body["data"].as_array().unwrap().len(), 1);
+    }
+}

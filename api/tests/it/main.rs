@@ -1,0 +1,20 @@
+//! The api's integration tests, in one binary with a module per area. Each
+//! test serves a real `mango` in-process (mango-testkit's `TestApp`) over
+//! the fresh database `#[sqlx::test]` creates for it, so the tests run in
+//! parallel without sharing state. `DATABASE_URL` must point at a server
+//! they may create databases on; `make test` provides one.
+
+mod admission;
+mod agent_loop;
+mod agent_loop_durability;
+mod agents_api;
+mod bad_input;
+mod cli;
+mod concurrency;
+mod credentials;
+mod environments_api;
+mod notifications;
+mod session_events;
+mod sessions_api;
+mod smoke;
+mod work_api;

@@ -1,0 +1,327 @@
+//! `mango-bench`: throughput and latency of the Work lease API, end to end.
+//!
+//! Creates a throw-away database `mango_bench_<random>` on the server of
+//! `--database-url` / `MANGO_DATABASE_URL`, migrates it, serves the api
+//! in-process on 127.0.0.1:0 and drives it over HTTP like workers do:
+//!
+//! * `lease`: N workers cycling poll → ack → heartbeat ×3 → forced stop, and
+//!   the ceiling: the same statements issued directly, without HTTP;
+//! * `wake`: latency from a healthcheck's creation to a blocked poller returning it;
+//! * `depth`: poll → ack latency with 1,000 vs 100,000 items queued;
+//! * `events`: Session event admission (own Sessions vs one Session) and the
+//!   fan-out of one Session's SSE stream to many readers;
+//! * `runner`: the item runner's (`mango-runner`, a separate process)
+//!   tool round trip and peak RSS, against the official Python SDK's
+//!   `EnvironmentWorker` serving the same script on the same server, in
+//!   `--runner-rounds` independent rounds (new worker processes each);
+//! * `all` (the default): all five.
+//!
+//! The last line is machine-readable:
+//! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
+//! admitted_events_per_s=… admitted_one_session_per_s=… fanout_p50_ms=… fanout_p99_ms=…
+//! runner_p50_ms=… runner_p99_ms=… sdk_p50_ms=… sdk_p99_ms=… runner_rss_mib=…
+//! sdk_rss_mib=… p50_ratio=… rss_ratio=… floor_p50_ms=…` (`n/a` where the SDK half was skipped;
+//! the runner keys are those of the round with the median p50 ratio)
+//! (a single phase prints only its own keys). The database is dropped at the end.
+
+mod depth;
+mod events;
+mod harness;
+mod http;
+mod lease;
+mod measure;
+mod runner;
+mod wake;
+
+use clap::{Parser, Subcommand};
+use harness::Bench;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "mango-bench",
+    about = "Benchmarks of the Mango Work lease and Session event APIs, and of the item runner"
+)]
+struct Cli {
+    /// Admin PostgreSQL URL; the bench creates and drops its own database there.
+    #[arg(
+        long,
+        env = "MANGO_DATABASE_URL",
+        hide_env_values = true,
+        default_value = "postgres://mango@127.0.0.1:54329/mango",
+        global = true
+    )]
+    database_url: String,
+    /// Connections in the api's pool.
+    #[arg(long, default_value_t = 10, global = true)]
+    db_max_connections: u32,
+    /// Concurrent simulated workers (lease).
+    #[arg(long, default_value_t = 16, global = true)]
+    workers: usize,
+    /// Measured seconds (lease, and again for its ceiling).
+    #[arg(long, default_value_t = 5.0, global = true)]
+    seconds: f64,
+    /// Warm-up seconds before each measured window (lease).
+    #[arg(long, default_value_t = 1.0, global = true)]
+    warmup: f64,
+    /// Blocked pollers (wake).
+    #[arg(long, default_value_t = 4, global = true)]
+    pollers: usize,
+    /// Latency samples (wake).
+    #[arg(long, default_value_t = 300, global = true)]
+    wake_samples: usize,
+    /// Milliseconds between creates (wake).
+    #[arg(long, default_value_t = 20, global = true)]
+    wake_interval_ms: u64,
+    /// Measured poll → ack cycles at each depth (depth).
+    #[arg(long, default_value_t = 300, global = true)]
+    depth_polls: usize,
+    /// The shallow queue (depth).
+    #[arg(long, default_value_t = 1_000, global = true)]
+    depth_small: i64,
+    /// The deep queue (depth).
+    #[arg(long, default_value_t = 100_000, global = true)]
+    depth_large: i64,
+    /// Concurrent event senders (events admission).
+    #[arg(long, default_value_t = 16, global = true)]
+    senders: usize,
+    /// SSE readers of one Session (events fan-out).
+    #[arg(long, default_value_t = 50, global = true)]
+    readers: usize,
+    /// Events sent per second while readers stream (events fan-out).
+    #[arg(long, default_value_t = 200.0, global = true)]
+    fanout_rate: f64,
+    /// Seconds of sending while readers stream (events fan-out).
+    #[arg(long, default_value_t = 5.0, global = true)]
+    fanout_seconds: f64,
+    /// Print diagnostics: the pool's plan-cache use after `lease`, and
+    /// EXPLAIN ANALYZE of the claim at each depth.
+    #[arg(long, global = true)]
+    profile: bool,
+    /// Measured tool round trips per worker (runner).
+    #[arg(long, default_value_t = 100, global = true)]
+    runner_calls: usize,
+    /// Warm-up tool round trips before them (runner).
+    #[arg(long, default_value_t = 5, global = true)]
+    runner_warmup: usize,
+    /// Independent rounds of the runner phase, each with new worker
+    /// processes (a few seconds each); the summary reports the round with the
+    /// median p50 ratio. One SDK process's p50 moves by up to 1.7x from the
+    /// next one's, so a single round says little about the ratio.
+    #[arg(long, default_value_t = 5, global = true)]
+    runner_rounds: usize,
+    /// Keep the bench database instead of dropping it.
+    #[arg(long, global = true)]
+    keep_db: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Clone, Copy, PartialEq, Eq)]
+enum Command {
+    /// Lease cycles per second over HTTP, and the SQL-only ceiling.
+    Lease,
+    /// Creation → blocked-poller latency.
+    Wake,
+    /// Poll latency at a shallow vs a deep queue.
+    Depth,
+    /// Event admission per second, and SSE fan-out latency to many readers.
+    Events,
+    /// The item runner's tool round trip and peak RSS vs the Python SDK's
+    /// EnvironmentWorker (needs target/release/mango-runner; the SDK half
+    /// needs .venv, see scripts/venv.sh).
+    Runner,
+    /// All of the above (the default).
+    All,
+}
+
+#[derive(Default)]
+struct Summary {
+    lease: Option<lease::LeaseResult>,
+    wake: Option<wake::WakeResult>,
+    depth: Option<depth::DepthResult>,
+    events: Option<events::EventsResult>,
+    runner: Option<runner::RunnerResult>,
+}
+
+impl Summary {
+    fn line(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(l) = &self.lease {
+            parts.push(format!("cycles_per_s={:.1}", l.cycles_per_s));
+            parts.push(format!("ceiling_ratio={:.3}", l.ceiling_ratio()));
+        }
+        if let Some(w) = &self.wake {
+            parts.push(format!("wake_p50_ms={:.2}", w.p50_ms));
+            parts.push(format!("wake_p99_ms={:.2}", w.p99_ms));
+        }
+        if let Some(d) = &self.depth {
+            parts.push(format!("depth_ratio={:.3}", d.ratio()));
+        }
+        if let Some(e) = &self.events {
+            parts.push(format!("admitted_events_per_s={:.1}", e.admitted_per_s));
+            parts.push(format!(
+                "admitted_one_session_per_s={:.1}",
+                e.admitted_one_session_per_s
+            ));
+            parts.push(format!("fanout_p50_ms={:.2}", e.fanout_p50_ms));
+            parts.push(format!("fanout_p99_ms={:.2}", e.fanout_p99_ms));
+        }
+        if let Some(r) = &self.runner {
+            let na = |v: Option<f64>, digits: usize| {
+                v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"))
+            };
+            parts.push(format!("runner_p50_ms={:.2}", r.runner.p50_ms));
+            parts.push(format!("runner_p99_ms={:.2}", r.runner.p99_ms));
+            parts.push(format!(
+                "sdk_p50_ms={}",
+                na(r.sdk.as_ref().map(|s| s.p50_ms), 2)
+            ));
+            parts.push(format!(
+                "sdk_p99_ms={}",
+                na(r.sdk.as_ref().map(|s| s.p99_ms), 2)
+            ));
+            parts.push(format!("runner_rss_mib={:.2}", r.runner.rss_mib));
+            parts.push(format!(
+                "sdk_rss_mib={}",
+                na(r.sdk.as_ref().map(|s| s.rss_mib), 2)
+            ));
+            parts.push(format!("p50_ratio={}", na(r.p50_ratio(), 3)));
+            parts.push(format!("rss_ratio={}", na(r.rss_ratio(), 3)));
+            parts.push(format!("floor_p50_ms={:.2}", r.floor.p50_ms));
+        }
+        parts.join(" ")
+    }
+}
+
+async fn run(cli: &Cli, bench: &Arc<Bench>, command: Command) -> anyhow::Result<Summary> {
+    let all = command == Command::All;
+    let mut summary = Summary::default();
+    if all || command == Command::Lease {
+        let opts = lease::Options {
+            workers: cli.workers,
+            seconds: cli.seconds,
+            warmup: cli.warmup,
+            profile: cli.profile,
+        };
+        summary.lease = Some(lease::run(bench, &opts).await?);
+    }
+    if all || command == Command::Wake {
+        let opts = wake::Options {
+            pollers: cli.pollers,
+            samples: cli.wake_samples,
+            interval: Duration::from_millis(cli.wake_interval_ms),
+        };
+        summary.wake = Some(wake::run(bench, &opts).await?);
+    }
+    if all || command == Command::Depth {
+        let opts = depth::Options {
+            small: cli.depth_small,
+            large: cli.depth_large,
+            polls: cli.depth_polls,
+            profile: cli.profile,
+        };
+        summary.depth = Some(depth::run(bench, &opts).await?);
+    }
+    if all || command == Command::Events {
+        let opts = events::Options {
+            senders: cli.senders,
+            seconds: cli.seconds,
+            warmup: cli.warmup,
+            readers: cli.readers,
+            rate: cli.fanout_rate,
+            fanout_seconds: cli.fanout_seconds,
+        };
+        summary.events = Some(events::run(bench, &opts).await?);
+    }
+    if all || command == Command::Runner {
+        let opts = runner::Options {
+            calls: cli.runner_calls,
+            warmup: cli.runner_warmup,
+        };
+        let mut rounds = Vec::with_capacity(cli.runner_rounds);
+        for round in 1..=cli.runner_rounds {
+            if cli.runner_rounds > 1 {
+                println!("runner: round {round} of {}", cli.runner_rounds);
+            }
+            rounds.push(runner::run(bench, &opts).await?);
+        }
+        summary.runner = Some(runner::across_rounds(rounds));
+    }
+    Ok(summary)
+}
+
+fn check(cli: &Cli) -> anyhow::Result<()> {
+    anyhow::ensure!(cli.workers > 0, "--workers must be at least 1");
+    anyhow::ensure!(cli.pollers > 0, "--pollers must be at least 1");
+    anyhow::ensure!(
+        cli.seconds > 0.0 && cli.warmup >= 0.0,
+        "--seconds must be positive"
+    );
+    anyhow::ensure!(
+        cli.depth_small > 0 && cli.depth_large > cli.depth_small,
+        "--depth-large must exceed --depth-small"
+    );
+    anyhow::ensure!(
+        cli.depth_small as usize > cli.depth_polls + 20,
+        "--depth-small must exceed --depth-polls + 20 warm-up cycles"
+    );
+    anyhow::ensure!(
+        cli.senders > 0 && cli.readers > 0,
+        "--senders and --readers must be at least 1"
+    );
+    anyhow::ensure!(
+        cli.fanout_rate > 0.0 && cli.fanout_seconds > 0.0,
+        "--fanout-rate and --fanout-seconds must be positive"
+    );
+    anyhow::ensure!(cli.wake_samples > 0, "--wake-samples must be at least 1");
+    anyhow::ensure!(cli.runner_calls > 0, "--runner-calls must be at least 1");
+    anyhow::ensure!(cli.runner_rounds > 0, "--runner-rounds must be at least 1");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MANGO_LOG")
+        .unwrap_or_else(|_| "warn,sqlx=error".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::All);
+    if let Err(err) = check(&cli) {
+        eprintln!("error: {err:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let bench = match Bench::setup(&cli.database_url, cli.db_max_connections).await {
+        Ok(bench) => Arc::new(bench),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "mango-bench: database {}, api at {}, environment {}",
+        bench.db_name, bench.app.base, bench.app.env_id
+    );
+    let outcome = tokio::select! {
+        outcome = run(&cli, &bench, command) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if let Err(err) = bench.teardown(cli.keep_db).await {
+        eprintln!("warning: cleanup failed: {err:#}");
+    }
+    match outcome {
+        Ok(summary) => {
+            println!("{}", summary.line());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

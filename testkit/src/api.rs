@@ -1,0 +1,136 @@
+//! The live api: `mango` served in-process on 127.0.0.1:0 over a database
+//! the caller owns, with a Workspace key, an Environment and its key.
+
+use mango_api::store::keys;
+use mango_api::{server, ApiContext, Settings};
+use mango_protocol::time;
+use reqwest::Method;
+use serde_json::json;
+use sqlx::PgPool;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct TestApp {
+    /// `http://127.0.0.1:<port>`
+    pub base: String,
+    /// The client [`TestApp::call`] sends with.
+    pub http: reqwest::Client,
+    /// The caller's pool on the api's database: a test's direct SQL writes
+    /// through it as another process would.
+    pub db: PgPool,
+    /// The served api's context (its pool is [`ApiContext::db`]).
+    pub ctx: ApiContext,
+    /// A Workspace key of `wrkspc_default`.
+    pub ws_key: String,
+    pub env_id: String,
+    /// An Environment key bound to `env_id`.
+    pub env_key: String,
+    pub env_key_id: String,
+    /// Dropping the sender shuts the server down gracefully.
+    shutdown: Mutex<Option<oneshot::Sender<()>>>,
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl TestApp {
+    pub async fn start(db: PgPool) -> TestApp {
+        Self::start_with(db, Settings::default()).await
+    }
+
+    /// The api with `settings` over the database `db` points at.
+    pub async fn start_with(db: PgPool, settings: Settings) -> TestApp {
+        // The server runs as `mango serve` does, as a named api process; the
+        // test's own pool (`db`) writes as another process would.
+        let pool = mango_api::db::api_pool(&db, 16).await.unwrap();
+        Self::serve(db, ApiContext::new(pool, settings)).await
+    }
+
+    /// Serves `ctx` (the sweeper, the LISTEN connection and, with a model
+    /// endpoint, the agent loop included) on a loopback port; creates the
+    /// keys through `db` and the Environment over HTTP. Returns once the
+    /// LISTEN connection is up, so wake-ups and other processes' events
+    /// reach the api from then on.
+    pub async fn serve(db: PgPool, ctx: ApiContext) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let serve_ctx = ctx.clone();
+        let server = tokio::spawn(async move {
+            server::serve(serve_ctx, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        let (_, ws_key) = keys::create(&db, "wrkspc_default", None, "test operator", time::now())
+            .await
+            .unwrap();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap();
+        let mut app = TestApp {
+            base,
+            http,
+            db,
+            ctx,
+            ws_key,
+            env_id: String::new(),
+            env_key: String::new(),
+            env_key_id: String::new(),
+            shutdown: Mutex::new(Some(tx)),
+            server: Mutex::new(Some(server)),
+        };
+        app.env_id = app.create_environment("test env").await;
+        let (key, secret) = app.environment_key(&app.env_id.clone()).await;
+        app.env_key = secret;
+        app.env_key_id = key;
+        app.ctx.until_listening().await;
+        app
+    }
+
+    /// Shuts the server down gracefully (in-flight requests finish) and
+    /// waits for it, at most `within`. Dropping the app shuts it down too,
+    /// without waiting.
+    pub async fn stop(&self, within: Duration) -> anyhow::Result<()> {
+        if let Some(tx) = self.shutdown.lock().expect("shutdown lock").take() {
+            let _ = tx.send(());
+        }
+        let Some(server) = self.server.lock().expect("server lock").take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(within, server).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => anyhow::bail!("the api server failed: {err}"),
+            Err(_) => anyhow::bail!("the api server did not shut down within {within:?}"),
+        }
+    }
+
+    pub async fn create_environment(&self, name: &str) -> String {
+        let r = self
+            .call(
+                Method::POST,
+                "/v1/environments",
+                Some(&self.ws_key),
+                Some(json!({"name": name})),
+            )
+            .await;
+        r.expect(200);
+        r.body["id"].as_str().unwrap().to_string()
+    }
+
+    /// (key id, secret) of a new Environment key bound to `env`.
+    pub async fn environment_key(&self, env: &str) -> (String, String) {
+        let (row, secret) = keys::create(
+            &self.db,
+            "wrkspc_default",
+            Some(env),
+            "test supervisor",
+            time::now(),
+        )
+        .await
+        .unwrap();
+        (row.id, secret)
+    }
+}

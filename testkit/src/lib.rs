@@ -1,0 +1,37 @@
+//! Test scaffolding of the Mango workspace, shared by the tests of `api`,
+//! `client` and `runner` and by `mango-bench`; never part of the product.
+//!
+//! [`TestApp`] is the one live api: a real `mango` served in-process on
+//! 127.0.0.1:0 over a database the caller owns (in tests the fresh one
+//! `#[sqlx::test]` creates for each test), with a Workspace key, an
+//! Environment and its key. `DATABASE_URL` must point at a server the tests
+//! may create databases on; `make test` provides one.
+//!
+//! By concern:
+//! * [`api`]: starting and stopping it; Environments and keys;
+//! * [`http`]: raw calls and their [`Reply`];
+//! * [`work`]: the Work lease calls of a supervisor and a worker;
+//! * [`sessions`]: Agents, Sessions and their events over HTTP;
+//! * [`sse`]: event streams, frame by frame;
+//! * [`db`]: direct looks at the database (row counts, lock waits);
+//! * [`model`]: a scripted Messages API endpoint for the agent loop;
+//! * [`turns`]: waiting on the agent loop's turns;
+//! * [`runner`]: a Session's Work claimed as a supervisor would before
+//!   starting an item runner.
+
+pub mod api;
+pub mod db;
+pub mod http;
+pub mod model;
+pub mod runner;
+pub mod sessions;
+pub mod sse;
+pub mod turns;
+pub mod work;
+
+pub use api::TestApp;
+pub use http::{urlencode, Reply};
+pub use model::{model_reply, ScriptedModel};
+pub use sessions::{data_ids, user_message};
+pub use sse::{Frame, SseReader};
+pub use work::{claim_of, sessions_token, Claim};
