@@ -77,7 +77,7 @@ pub fn check(index: usize, value: Value) -> ApiResult<SentEvent> {
     }
     no_nul(&value, &format!("events[{index}]"))?;
     let event = SentEvent::parse(value).map_err(|err| match err {
-        SentEventError::NotAnEvent => bad(index, "must be an object with a string \"type\""),
+        SentEventError::NotAnEvent => bad(index, "must be an object"),
         SentEventError::NotSendable(t) => bad(
             index,
             format!("{t:?} events are produced by the agent loop, not sent by clients"),

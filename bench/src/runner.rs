@@ -29,7 +29,8 @@ use crate::harness::Bench;
 use crate::http::Api;
 use crate::measure::{ms, percentile};
 use anyhow::{bail, Context};
-use mango_api::admission::emit;
+use mango_api::service::admission::emit;
+use mango_protocol::events::{AgentToolUse, EventBody, Permission};
 use mango_protocol::WorkData;
 use mango_testkit::work::try_sessions_token;
 use serde_json::{json, Value};
@@ -539,14 +540,21 @@ impl Participant {
             let stored = emit(
                 &bench.app.ctx,
                 &self.session,
-                vec![json!({"type": "agent.tool_use", "name": "bash", "input": {"command": format!("echo {word}")}, "evaluated_permission": "allow"})],
+                vec![EventBody::AgentToolUse(AgentToolUse {
+                    name: "bash".into(),
+                    input: json!({"command": format!("echo {word}")}),
+                    evaluated_permission: Some(Permission::Allow),
+                    evaluation: None,
+                    deny_reason: None,
+                    session_thread_id: None,
+                })],
             )
             .await
-            .map_err(|e| anyhow::anyhow!("appending agent.tool_use: {e:?}"))?;
+            .map_err(|e| anyhow::anyhow!("appending a tool call: {e:?}"))?;
             let call = stored
                 .first()
-                .and_then(|e| e["id"].as_str())
-                .context("the appended tool_use has no id")?
+                .map(|e| e.id.as_str())
+                .context("the appended tool call has no id")?
                 .to_string();
             let limit = if i == 0 { FIRST_RESULT } else { RESULT_TIMEOUT };
             let deadline = tokio::time::Instant::now() + limit;
@@ -605,7 +613,7 @@ impl Participant {
         let ended = emit(
             &bench.app.ctx,
             &self.session,
-            vec![json!({"type": "session.status_terminated"})],
+            vec![EventBody::SessionStatusTerminated],
         )
         .await;
         match &mut self.answerer {

@@ -273,17 +273,12 @@ pub enum McpServerKind {
     Url,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecutionIdentity {
+    #[default]
     ServiceAccount,
     AwsRole { role_arn: String },
-}
-
-impl Default for ExecutionIdentity {
-    fn default() -> Self {
-        ExecutionIdentity::ServiceAccount
-    }
 }
 
 // ------------------------------------------------------------------ request bodies

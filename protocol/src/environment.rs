@@ -35,6 +35,9 @@ pub struct EnvironmentDeleted {
 pub struct EnvironmentConfig {
     #[serde(rename = "type")]
     pub kind: String,
+    /// The other fields of its type (a `self_hosted` config has none).
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 crate::wire_enum! {

@@ -454,7 +454,7 @@ pub enum SentEvent {
 /// Why a sent event was refused before its fields were looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SentEventError {
-    /// Not a JSON object, or no string `type`.
+    /// Not a JSON object.
     NotAnEvent,
     /// A type the server produces (`agent.*`, `session.*`, `span.*`).
     NotSendable(String),
@@ -473,8 +473,11 @@ impl SentEvent {
         let Value::Object(mut fields) = value else {
             return Err(SentEventError::NotAnEvent);
         };
-        let Some(Value::String(kind)) = fields.remove("type") else {
-            return Err(SentEventError::NotAnEvent);
+        let kind = match fields.remove("type") {
+            Some(Value::String(kind)) => kind,
+            // No type, or not a string: no type anyone knows.
+            Some(other) => return Err(SentEventError::UnknownType(other.to_string())),
+            None => return Err(SentEventError::UnknownType(String::new())),
         };
         let rest = Value::Object(fields);
         let parsed = match kind.as_str() {
@@ -649,8 +652,9 @@ mod tests {
         );
         assert_eq!(
             SentEvent::parse(json!({"content": []})),
-            Err(SentEventError::NotAnEvent)
+            Err(SentEventError::UnknownType(String::new()))
         );
+        assert_eq!(SentEvent::parse(json!([])), Err(SentEventError::NotAnEvent));
         let Err(SentEventError::Field(err)) = SentEvent::parse(
             json!({"type": "user.message", "content": [{"type": "text", "text": "x"}], "extra": 1}),
         ) else {

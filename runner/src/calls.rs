@@ -215,7 +215,8 @@ mod tests {
             calls.apply_json(tool_use(&id, "bash", None));
             assert_eq!(calls.next_runnable(owns).unwrap().id, id);
             calls.mark_started(&id);
-            calls.apply_json(json!({"id": format!("res{i}"), "type": "user.tool_result", "tool_use_id": id}),
+            calls.apply_json(
+                json!({"id": format!("res{i}"), "type": "user.tool_result", "tool_use_id": id}),
             );
         }
         assert_eq!(calls.unanswered(), 0);
@@ -231,7 +232,8 @@ mod tests {
         let mut calls = Calls::default();
         calls.apply_json(json!({"id": "1", "type": "session.status_idle", "stop_reason": {"type": "requires_action"}}));
         assert!(!calls.is_idle_after_end_turn());
-        calls.apply_json(json!({"id": "2", "type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+        calls.apply_json(
+            json!({"id": "2", "type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
         );
         assert!(calls.is_idle_after_end_turn());
         calls.apply_json(json!({"id": "3", "type": "user.tool_confirmation", "tool_use_id": "z", "result": "allow"}));

@@ -14,6 +14,7 @@
 //! * [`sessions`]: Agents, Sessions and their events over HTTP;
 //! * [`sse`]: event streams, frame by frame;
 //! * [`db`]: direct looks at the database (row counts, lock waits);
+//! * [`events`]: typed events written and read as JSON;
 //! * [`model`]: a scripted Messages API endpoint for the agent loop;
 //! * [`turns`]: waiting on the agent loop's turns;
 //! * [`runner`]: a Session's Work claimed as a supervisor would before
@@ -21,6 +22,7 @@
 
 pub mod api;
 pub mod db;
+pub mod events;
 pub mod http;
 pub mod model;
 pub mod runner;
@@ -30,6 +32,7 @@ pub mod turns;
 pub mod work;
 
 pub use api::TestApp;
+pub use events::{append_agent_events, json_events, sent};
 pub use http::{urlencode, Reply};
 pub use model::{model_reply, ScriptedModel};
 pub use sessions::{data_ids, user_message};

@@ -36,7 +36,12 @@ pub fn router() -> Router<ApiContext> {
 /// `config` must be `{"type":"self_hosted"}`.
 fn self_hosted_config(config: &EnvironmentConfig, on_update: bool) -> ApiResult<Value> {
     match config.kind.as_str() {
-        SELF_HOSTED => Ok(json!({"type": SELF_HOSTED})),
+        SELF_HOSTED => match config.fields.keys().next() {
+            Some(extra) => Err(ApiError::invalid_parameter(format!(
+                "config.{extra} is not a {SELF_HOSTED} config field"
+            ))),
+            None => Ok(json!({"type": SELF_HOSTED})),
+        },
         other if on_update => Err(ApiError::bad_request(format!(
             "config.type cannot change from {SELF_HOSTED:?} to {other:?}"
         ))

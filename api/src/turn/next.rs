@@ -166,7 +166,7 @@ pub fn runnable_worker_calls(events: &[Event]) -> Vec<String> {
                 Permission::Deny => false,
                 Permission::Ask => confirmed.contains(&e.id.as_str()),
             };
-            (allowed && pending.iter().any(|p| *p == e.id)).then(|| e.id.clone())
+            (allowed && pending.contains(&e.id)).then(|| e.id.clone())
         })
         .collect()
 }

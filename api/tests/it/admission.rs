@@ -5,7 +5,7 @@
 
 use mango_testkit::*;
 
-use mango_api::admission::append_agent_events;
+use mango_testkit::append_agent_events;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -584,16 +584,15 @@ async fn fenced_write(
     session: &str,
     call: &str,
     claim: (&str, i64),
-) -> Option<mango_api::store::sessions::LoggedEvent> {
-    let event = tool_result(call).as_object().cloned().expect("an object");
-    mango_api::store::sessions::answer_open_call(
+) -> Option<mango_api::store::events::LoggedEvent> {
+    mango_api::store::tool_calls::answer_open_call(
         db,
         session,
         call,
         mango_api::session_rules::CallKind::Tool,
-        event,
+        mango_testkit::events::body(tool_result(call)),
         mango_protocol::time::now(),
-        mango_api::store::sessions::ClaimFence {
+        mango_api::store::tool_calls::ClaimFence {
             work_id: claim.0,
             row_version: claim.1,
         },
@@ -609,7 +608,7 @@ fn spawn_fenced_write(
     call: &str,
     work_id: &str,
     row_version: i64,
-) -> tokio::task::JoinHandle<Option<mango_api::store::sessions::LoggedEvent>> {
+) -> tokio::task::JoinHandle<Option<mango_api::store::events::LoggedEvent>> {
     let (db, s, call, work_id) = (
         app.db.clone(),
         session.to_string(),
@@ -701,17 +700,11 @@ async fn a_fenced_write_racing_another_commit_writes_nothing(db: sqlx::PgPool) {
                     .await
                     .unwrap()
                     .unwrap();
-                let event = event.as_object().cloned().unwrap();
+                let event = mango_testkit::events::body(event.clone());
                 let now = mango_protocol::time::now();
-                mango_api::store::sessions::append(
-                    &mut first,
-                    &mut session,
-                    vec![event],
-                    false,
-                    now,
-                )
-                .await
-                .unwrap();
+                mango_api::store::events::append(&mut first, &mut session, vec![event], false, now)
+                    .await
+                    .unwrap();
             }
         }
         let racing = spawn_fenced_write(&app, &s, &call, &work_id, row_version);
@@ -752,7 +745,7 @@ async fn a_fenced_write_racing_the_sessions_deletion_leaves_no_rows(db: sqlx::Pg
 /// A Session and call state as stored, for the guard's exhaustive test.
 #[derive(Debug)]
 struct StoredState {
-    status: mango_api::session_rules::Status,
+    status: mango_protocol::sessions::SessionStatus,
     archived: bool,
     call: Option<mango_api::session_rules::ToolCall>,
 }
@@ -760,7 +753,9 @@ struct StoredState {
 /// Every combination of the values the schema allows in the columns the
 /// one-statement path's guard reads (absent call included).
 fn every_stored_state() -> Vec<StoredState> {
-    use mango_api::session_rules::{CallKind, Permission, Status, ToolCall};
+    use mango_api::session_rules::{CallKind, ToolCall};
+    use mango_protocol::events::Permission;
+    use mango_protocol::sessions::SessionStatus as Status;
     let statuses = [
         Status::Idle,
         Status::Running,
@@ -799,7 +794,7 @@ fn every_stored_state() -> Vec<StoredState> {
 
 /// Writes `state` over Session `s` and its call `call` inside `tx`.
 async fn store_state(tx: &mut sqlx::PgConnection, s: &str, call: &str, state: &StoredState) {
-    use mango_api::session_rules::Permission;
+    use mango_protocol::events::Permission;
     sqlx::query(
         "UPDATE sessions SET status = $2, archived_at = CASE WHEN $3 THEN now() END WHERE id = $1",
     )
@@ -846,14 +841,16 @@ async fn log_head_and_outbox(tx: &mut sqlx::PgConnection, s: &str) -> (i64, i64)
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn the_fenced_paths_sql_guard_is_the_rule_for_every_stored_state(db: sqlx::PgPool) {
     use mango_api::session_rules::{self as rules, CallKind, ResultDecision, Sender};
-    use mango_api::store::sessions::{answer_open_call, ClaimFence};
+    use mango_api::store::tool_calls::{answer_open_call, ClaimFence};
     let app = TestApp::start(db).await;
     let (s, call, work_id, row_version) = open_call_with_live_work(&app).await;
     let (mut cases, mut accepted) = (0, 0);
     for state in every_stored_state() {
         for result_kind in [CallKind::Tool, CallKind::Custom] {
+            let any_result =
+                mango_testkit::sent(json!({"type": "user.tool_result", "tool_use_id": "x"}));
             let rule = !state.archived
-                && rules::may_send(Sender::Worker, "user.tool_result", state.status).is_ok()
+                && rules::may_send(Sender::Worker, &any_result, state.status).is_ok()
                 && rules::admit_result(state.call.as_ref(), result_kind)
                     == Ok(ResultDecision::Accept);
             let mut tx = app.db.begin().await.unwrap();
@@ -863,13 +860,17 @@ async fn the_fenced_paths_sql_guard_is_the_rule_for_every_stored_state(db: sqlx:
                 CallKind::Tool => "tool_use_id",
                 CallKind::Custom => "custom_tool_use_id",
             };
-            let event = json!({"type": "user.tool_result", key: call, "content": []});
+            let kind = match result_kind {
+                CallKind::Tool => "user.tool_result",
+                CallKind::Custom => "user.custom_tool_result",
+            };
+            let event = json!({"type": kind, key: call, "content": []});
             let written = answer_open_call(
                 &mut tx,
                 &s,
                 &call,
                 result_kind,
-                event.as_object().cloned().unwrap(),
+                mango_testkit::events::body(event),
                 mango_protocol::time::now(),
                 ClaimFence {
                     work_id: &work_id,

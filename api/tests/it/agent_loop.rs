@@ -317,7 +317,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
     )
     .await
     .expect(200);
-    mango_api::admission::append_agent_events(
+    mango_testkit::append_agent_events(
         &app.db,
         &s,
         vec![
@@ -336,7 +336,7 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
         let (ctx, s) = (app.ctx.clone(), s.clone());
         tokio::spawn(async move {
             // Never called: the step only waits for a worker.
-            let model = mango_api::agent_loop::ModelEndpoint::new("http://127.0.0.1:9", None);
+            let model = mango_api::model::ModelEndpoint::new("http://127.0.0.1:9", None);
             mango_api::agent_loop::drive(&ctx, &model, &s).await
         })
     };

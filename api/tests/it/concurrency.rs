@@ -8,10 +8,11 @@ use mango_testkit::*;
 
 use futures::future::join_all;
 use futures::StreamExt;
-use mango_api::lease::{Kind, Lease};
+use mango_api::lease::Lease;
 use mango_api::store::{keys, work};
 use mango_api::{ids, server, ApiContext, Settings};
 use mango_protocol::time::{self, Timestamp};
+use mango_protocol::WorkType as Kind;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
@@ -562,7 +563,7 @@ async fn polls_blocked_across_a_revoke_claim_nothing(db: PgPool) {
         stored.claim_epoch, 0,
         "the item created after the revoke was not claimed"
     );
-    assert_eq!(stored.state, "queued");
+    assert_eq!(stored.state.as_str(), "queued");
 }
 
 // ------------------------------------------------------------------ 3. expiry and reclaim
@@ -641,7 +642,7 @@ async fn expired_lease_is_reclaimed_with_a_rotated_token(db: PgPool) {
     expect_unauthenticated(&r, "old token echoing the new holder's value");
     let stored = row(&app, &app.env_id, &new.id).await;
     assert_eq!(stored.claim_epoch, 2);
-    assert_eq!(stored.state, "active");
+    assert_eq!(stored.state.as_str(), "active");
     assert_eq!(
         stored.latest_heartbeat_at.map(|t| time::format(&t)),
         Some(last)
@@ -793,7 +794,7 @@ async fn stale_heartbeats_racing_a_reclaim_never_touch_the_new_lease(db: PgPool)
         expect_unauthenticated(&r, "stale token after reclaim");
         let stored = row(&app, &env, &new.id).await;
         assert_eq!(stored.claim_epoch, 2);
-        assert_eq!(stored.state, "active");
+        assert_eq!(stored.state.as_str(), "active");
         assert_eq!(
             stored.latest_heartbeat_at.map(|t| time::format(&t)),
             Some(new_last.clone())
@@ -836,7 +837,7 @@ async fn stale_heartbeats_racing_a_reclaim_never_touch_the_new_lease(db: PgPool)
                     hb.body
                 );
                 assert_eq!(stored.claim_epoch, 2);
-                assert_eq!(stored.state, "queued");
+                assert_eq!(stored.state.as_str(), "queued");
                 assert_eq!(
                     stored.lease_expires_at, None,
                     "a pending claim has no lease"

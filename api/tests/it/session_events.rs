@@ -5,8 +5,8 @@
 
 use mango_testkit::*;
 
-use mango_api::admission::append_agent_events;
 use mango_api::Settings;
+use mango_testkit::append_agent_events;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::collections::HashSet;

@@ -343,14 +343,14 @@ async fn list_filters_statuses_agent_and_archived(db: sqlx::PgPool) {
     let s4 = app.create_session_for(&a2).await;
 
     // s2 terminated, s3 running (agent-loop status events).
-    mango_api::admission::append_agent_events(
+    mango_testkit::append_agent_events(
         &app.db,
         &s2,
         vec![json!({"type": "session.status_terminated"})],
     )
     .await
     .unwrap();
-    mango_api::admission::append_agent_events(
+    mango_testkit::append_agent_events(
         &app.db,
         &s3,
         vec![json!({"type": "session.status_running"})],

@@ -2,7 +2,7 @@
 
 use mango_client::{Client, RetryPolicy, StreamFrame};
 use mango_protocol::WorkState;
-use mango_testkit::TestApp;
+use mango_testkit::{sent, TestApp};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -161,10 +161,12 @@ async fn session_events_list_send_and_stream(db: sqlx::PgPool) {
     let sid = session["id"].as_str().unwrap();
     let operator = Client::new(&api.base, &ws_key);
     let mut stream = operator.stream_events(sid).await.unwrap();
-    let sent = operator
+    let stored = operator
         .send_events(
             sid,
-            vec![json!({"type": "user.message", "content": [{"type": "text", "text": "hi"}]})],
+            &[sent(
+                json!({"type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
+            )],
         )
         .await
         .unwrap();
@@ -180,7 +182,7 @@ async fn session_events_list_send_and_stream(db: sqlx::PgPool) {
             StreamFrame::Error(e) => panic!("stream error {e}"),
         }
     };
-    assert_eq!(got["id"], sent[0]["id"]);
+    assert_eq!(got.id, stored[0].id);
     assert_eq!(operator.all_events(sid).await.unwrap().len(), 1);
-    assert_eq!(operator.session(sid).await.unwrap()["id"], sid);
+    assert_eq!(operator.session(sid).await.unwrap().id, sid);
 }

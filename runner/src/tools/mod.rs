@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mango_protocol::tools::{ToolInput, ToolName};
 use mango_protocol::content::ContentBlock;
+use mango_protocol::tools::{ToolInput, ToolName};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

@@ -8,11 +8,11 @@
 
 use mango_testkit::runner::{session_with_work, text_of};
 
-use mango_api::admission::append_agent_events;
 use mango_api::Settings;
 use mango_client::Client;
 use mango_protocol::{time, Work, WorkData, WorkState};
 use mango_testkit::TestApp;
+use mango_testkit::{append_agent_events, json_events, sent};
 use serde_json::{json, Value};
 use std::future::Future;
 use std::io::{Read, Write};
@@ -193,10 +193,7 @@ async fn terminate(db: &sqlx::PgPool, session_id: &str) {
 
 /// Every `user.tool_result` the Session holds for `call_id`.
 async fn results_of(operator: &Client, session_id: &str, call_id: &str) -> Vec<Value> {
-    operator
-        .all_events(session_id)
-        .await
-        .unwrap()
+    json_events(operator.all_events(session_id).await.unwrap())
         .into_iter()
         .filter(|e| e["type"] == "user.tool_result" && e["tool_use_id"] == call_id)
         .collect()
@@ -205,7 +202,7 @@ async fn results_of(operator: &Client, session_id: &str, call_id: &str) -> Vec<V
 /// Waits until every call has a result; returns them in `call_ids` order.
 async fn results_for(operator: &Client, session_id: &str, call_ids: &[String]) -> Vec<Value> {
     eventually("tool results", WAIT, || async move {
-        let events = operator.all_events(session_id).await.unwrap();
+        let events = json_events(operator.all_events(session_id).await.unwrap());
         call_ids
             .iter()
             .map(|id| {
@@ -295,9 +292,9 @@ async fn allow_runs_ask_waits_for_an_http_confirmation_and_deny_never_runs(db: s
     operator
         .send_events(
             &session_id,
-            vec![
-                json!({"type": "user.tool_confirmation", "tool_use_id": ask_no, "result": "deny", "deny_message": "no"}),
-                json!({"type": "user.tool_confirmation", "tool_use_id": ask_yes, "result": "allow"}),
+            &[
+                sent(json!({"type": "user.tool_confirmation", "tool_use_id": ask_no, "result": "deny", "deny_message": "no"})),
+                sent(json!({"type": "user.tool_confirmation", "tool_use_id": ask_yes, "result": "allow"})),
             ],
         )
         .await
@@ -712,7 +709,7 @@ async fn dropped_streams_mid_turn_neither_repeat_nor_drop_a_call(db: sqlx::PgPoo
             "call {i} ran exactly once: {log}"
         );
     }
-    let events = operator.all_events(&session_id).await.unwrap();
+    let events = json_events(operator.all_events(&session_id).await.unwrap());
     let results: Vec<&Value> = events
         .iter()
         .filter(|e| e["type"] == "user.tool_result")
@@ -780,7 +777,9 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
     operator
         .send_events(
             &session_id,
-            vec![json!({"type": "user.message", "content": [{"type": "text", "text": "again"}]})],
+            &[sent(
+                json!({"type": "user.message", "content": [{"type": "text", "text": "again"}]}),
+            )],
         )
         .await
         .unwrap();

@@ -11,7 +11,7 @@ use mango_api::context::Secret;
 use mango_api::Settings;
 use mango_client::Client;
 use mango_protocol::WorkState;
-use mango_testkit::{model_reply, ScriptedModel, TestApp};
+use mango_testkit::{json_events, model_reply, ScriptedModel, TestApp};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -146,7 +146,7 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
     // The turn runs to its end.
     let deadline = Instant::now() + Duration::from_secs(30);
     let events = loop {
-        let events = operator.all_events(&session_id).await.unwrap();
+        let events = json_events(operator.all_events(&session_id).await.unwrap());
         if idle_end_turn(&events) {
             break events;
         }
@@ -292,5 +292,5 @@ async fn a_turn_runs_tools_on_the_real_runner_and_ends(db: sqlx::PgPool) {
     let stored = operator.work(&api.env_id, &work.id).await.unwrap();
     assert_eq!(stored.state, WorkState::Stopped, "{stored:?}");
     let session = operator.session(&session_id).await.unwrap();
-    assert_eq!(session["status"], "idle");
+    assert_eq!(session.status.as_str(), "idle");
 }

@@ -3,10 +3,10 @@
 
 use mango_testkit::runner::{session_with_work, session_with_work_for, text_of};
 
-use mango_api::admission::append_agent_events;
 use mango_client::Client;
 use mango_protocol::{Work, WorkState};
 use mango_testkit::TestApp;
+use mango_testkit::{append_agent_events, json_events};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::Path;
@@ -38,7 +38,7 @@ fn start_runner(api: &TestApp, work: &Work, session_id: &str, workspace: &Path) 
 async fn results_for(operator: &Client, session_id: &str, call_ids: &[&str]) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let events = operator.all_events(session_id).await.unwrap();
+        let events = json_events(operator.all_events(session_id).await.unwrap());
         let results: Vec<Value> = events
             .into_iter()
             .filter(|e| {
@@ -106,7 +106,7 @@ async fn the_runner_executes_tool_calls_and_ends_with_the_session(db: sqlx::PgPo
         .unwrap()
         .unwrap();
     assert!(status.success(), "{status:?}");
-    let events = operator.all_events(&session_id).await.unwrap();
+    let events = json_events(operator.all_events(&session_id).await.unwrap());
     assert!(!events
         .iter()
         .any(|e| e["tool_use_id"] == ids[2] || e["tool_use_id"] == ids[3]));
@@ -227,7 +227,7 @@ async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_sess
 
         let stored = operator.work(&api.env_id, &work.id).await.unwrap();
         assert_eq!(stored.state, WorkState::Stopped);
-        let events = operator.all_events(&session_id).await.unwrap();
+        let events = json_events(operator.all_events(&session_id).await.unwrap());
         let error = events
             .iter()
             .find(|e| e["type"] == "session.error")

@@ -189,7 +189,7 @@ async fn read_binary_non_utf8_and_images() {
     std::fs::write(root.join("pic.png"), png).unwrap();
     let o = call(&mut ts, "read", json!({"file_path": "pic.png"})).await;
     assert!(!o.is_error);
-    let block = &o.content[0];
+    let block = serde_json::to_value(&o.content[0]).unwrap();
     assert_eq!(block["type"], "image");
     assert_eq!(block["source"]["type"], "base64");
     assert_eq!(block["source"]["media_type"], "image/png");
@@ -211,8 +211,9 @@ async fn read_binary_non_utf8_and_images() {
     );
     std::fs::write(root.join("doc.pdf"), b"%PDF-1.4").unwrap();
     let o = call(&mut ts, "read", json!({"file_path": "doc.pdf"})).await;
-    assert_eq!(o.content[0]["type"], "document");
-    assert_eq!(o.content[0]["source"]["media_type"], "application/pdf");
+    let block = serde_json::to_value(&o.content[0]).unwrap();
+    assert_eq!(block["type"], "document");
+    assert_eq!(block["source"]["media_type"], "application/pdf");
 }
 
 // ---------------------------------------------------------------- write / edit
