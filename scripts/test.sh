@@ -15,6 +15,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
+step "Layout rules (docs/architecture.md)"
+python3 scripts/structure-check.py
 
 step "Rust unit and PostgreSQL integration tests"
 cargo test --workspace
