@@ -1,6 +1,14 @@
+//! The item runner (`mango-runner`): runs one acknowledged Work item in its
+//! sandbox. [`item`] is the process; [`heartbeat`] keeps the Work's lease,
+//! [`session`] follows the Session and [`calls`] decides which tool calls
+//! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
+//! fixed probe, [`prepare`] checks pinned inputs, [`secret`] the hand-off.
+
 pub mod calls;
+pub mod exit;
 pub mod healthcheck;
-pub mod lease;
+pub mod heartbeat;
+pub mod item;
 pub mod prepare;
 pub mod secret;
 pub mod session;

@@ -1,6 +1,8 @@
-//! Keeping the Work lease: the first heartbeat (NO_HEARTBEAT) before any tool
-//! runs, then a beat at most every TTL/2, echoing the previous answer. Any sign
-//! the lease is gone cancels `lost`, which cancels running tools.
+//! The heartbeat keeper: the first heartbeat (NO_HEARTBEAT) claims the
+//! Work's lease before any tool runs, then a beat at most every TTL/2 keeps
+//! it, echoing the previous answer. Any sign the lease is gone cancels
+//! `lost`, which cancels running tools. (The lease and its rules are the
+//! api's; this only keeps it.)
 
 use mango_client::{Client, ClientError};
 use mango_protocol::{HeartbeatResponse, WorkState};
@@ -10,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Why the keeper stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseEnd {
+pub enum KeeperEnd {
     /// The runner finished and released the keeper.
     Released,
     /// The server asked the holder to stop (`stopping`, or not extended).
@@ -24,26 +26,26 @@ pub enum LeaseEnd {
     Unreachable(String),
 }
 
-impl LeaseEnd {
+impl KeeperEnd {
     /// May the runner still force-Stop the item on its way out?
     pub fn may_stop(&self) -> bool {
-        matches!(self, LeaseEnd::Released | LeaseEnd::StopRequested)
+        matches!(self, KeeperEnd::Released | KeeperEnd::StopRequested)
     }
 }
 
-pub struct Lease {
+pub struct HeartbeatKeeper {
     pub client: Client,
     pub environment_id: String,
     pub work_id: String,
 }
 
-fn classify(err: ClientError) -> LeaseEnd {
+fn classify(err: ClientError) -> KeeperEnd {
     if err.is_lease_lost() {
-        LeaseEnd::Lost
+        KeeperEnd::Lost
     } else if err.is_transient() {
-        LeaseEnd::Unreachable(err.to_string())
+        KeeperEnd::Unreachable(err.to_string())
     } else {
-        LeaseEnd::Rejected(err.to_string())
+        KeeperEnd::Rejected(err.to_string())
     }
 }
 
@@ -52,16 +54,16 @@ pub fn interval(ttl_seconds: i64) -> Duration {
     Duration::from_millis((ttl_seconds.max(1) as u64) * 500).max(Duration::from_secs(1))
 }
 
-impl Lease {
+impl HeartbeatKeeper {
     /// The first heartbeat: claims the lease (`starting → active`).
-    pub async fn claim(&self) -> Result<HeartbeatResponse, LeaseEnd> {
+    pub async fn claim(&self) -> Result<HeartbeatResponse, KeeperEnd> {
         let beat = self
             .client
             .heartbeat(&self.environment_id, &self.work_id, None, None)
             .await
             .map_err(classify)?;
         if beat.state != WorkState::Active || !beat.lease_extended {
-            return Err(LeaseEnd::StopRequested);
+            return Err(KeeperEnd::StopRequested);
         }
         Ok(beat)
     }
@@ -75,12 +77,12 @@ impl Lease {
         mut last: HeartbeatResponse,
         done: CancellationToken,
         lost: CancellationToken,
-    ) -> LeaseEnd {
+    ) -> KeeperEnd {
         let mut last_ok = Instant::now();
         let mut pause = interval(last.ttl_seconds);
         let end = loop {
             tokio::select! {
-                _ = done.cancelled() => break LeaseEnd::Released,
+                _ = done.cancelled() => break KeeperEnd::Released,
                 _ = tokio::time::sleep(pause) => {}
             }
             let ttl = Duration::from_secs(last.ttl_seconds.max(1) as u64);
@@ -88,7 +90,7 @@ impl Lease {
                 .saturating_sub(last_ok.elapsed())
                 .saturating_sub(LEASE_MARGIN);
             if left.is_zero() {
-                break LeaseEnd::Unreachable(
+                break KeeperEnd::Unreachable(
                     "no heartbeat was answered before the lease ran out".into(),
                 );
             }
@@ -104,7 +106,7 @@ impl Lease {
                     last_ok = Instant::now();
                     pause = interval(last.ttl_seconds);
                 }
-                Ok(Ok(_)) => break LeaseEnd::StopRequested,
+                Ok(Ok(_)) => break KeeperEnd::StopRequested,
                 Ok(Err(err)) if err.is_transient() => {
                     tracing::warn!(work_id = %self.work_id, error = %err, "heartbeat failed; retrying");
                     pause = RETRY_PAUSE;
@@ -113,7 +115,7 @@ impl Lease {
                 Err(_) => pause = Duration::ZERO,
             }
         };
-        if end != LeaseEnd::Released {
+        if end != KeeperEnd::Released {
             tracing::warn!(work_id = %self.work_id, end = ?end, "lease ended; cancelling work");
             lost.cancel();
         }
@@ -153,7 +155,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hung_heartbeat_never_outlives_the_lease() {
-        let lease = Lease {
+        let keeper = HeartbeatKeeper {
             client: Client::new(&black_hole().await, "mango_st_x"),
             environment_id: "env_x".into(),
             work_id: "work_x".into(),
@@ -169,11 +171,11 @@ mod tests {
         let started = Instant::now();
         let end = tokio::time::timeout(
             Duration::from_secs(10),
-            lease.keep(first, done, lost.clone()),
+            keeper.keep(first, done, lost.clone()),
         )
         .await
         .expect("the keeper gives up by itself");
-        assert!(matches!(end, LeaseEnd::Unreachable(_)), "{end:?}");
+        assert!(matches!(end, KeeperEnd::Unreachable(_)), "{end:?}");
         assert!(lost.is_cancelled(), "running tools are cancelled");
         assert!(
             started.elapsed() < Duration::from_secs(3),
@@ -184,10 +186,10 @@ mod tests {
 
     #[test]
     fn only_a_live_or_released_lease_may_be_stopped_by_its_holder() {
-        assert!(LeaseEnd::Released.may_stop());
-        assert!(LeaseEnd::StopRequested.may_stop());
-        assert!(!LeaseEnd::Lost.may_stop());
-        assert!(!LeaseEnd::Rejected("401".into()).may_stop());
-        assert!(!LeaseEnd::Unreachable("down".into()).may_stop());
+        assert!(KeeperEnd::Released.may_stop());
+        assert!(KeeperEnd::StopRequested.may_stop());
+        assert!(!KeeperEnd::Lost.may_stop());
+        assert!(!KeeperEnd::Rejected("401".into()).may_stop());
+        assert!(!KeeperEnd::Unreachable("down".into()).may_stop());
     }
 }

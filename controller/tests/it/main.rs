@@ -1,0 +1,3 @@
+//! `mango-worker` against a real api on PostgreSQL.
+
+mod item;

@@ -1,0 +1,69 @@
+//! What the runner's exit status tells the supervisor that started it. The
+//! supervisor removes the sandbox whatever the status; the status says why
+//! the activation ended, for its logs and metrics.
+
+use std::process::ExitCode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// The item ran to its end: a healthcheck passed, or a Session
+    /// activation ended (terminated, idle, stopped) and the Work was stopped.
+    Done = 0,
+    /// A healthcheck's probe failed (its Result says why), or the runner
+    /// could not start the item (a missing identity, an unreadable secret).
+    Failed = 1,
+    /// The process could not make itself non-dumpable, so it read no secret.
+    Unprotected = 2,
+    /// A Work type this runner does not know: its lease was left untouched,
+    /// for a worker that knows it.
+    UnknownWorkType = 3,
+    /// The lease was lost, refused or left to expire (a result that could
+    /// not be delivered, an input that could not be fetched now): Poll will
+    /// hand the item out again.
+    LeftToExpire = 4,
+    /// The outcome could not be reported (Result or Fail refused): the
+    /// lease expires and the next holder finds the same.
+    Unreported = 5,
+    /// The Session's pinned input is invalid: the Work was Failed, which
+    /// terminated the Session.
+    InputFailed = 6,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit as u8)
+    }
+}
+
+impl Exit {
+    /// The exit a status code means, for a supervisor reading one.
+    pub fn from_code(code: i32) -> Option<Exit> {
+        use Exit::*;
+        [
+            Done,
+            Failed,
+            Unprotected,
+            UnknownWorkType,
+            LeftToExpire,
+            Unreported,
+            InputFailed,
+        ]
+        .into_iter()
+        .find(|e| *e as i32 == code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_codes_are_none() {
+        for code in 0..=6 {
+            assert_eq!(Exit::from_code(code).map(|e| e as i32), Some(code));
+        }
+        assert_eq!(Exit::from_code(7), None);
+        assert_eq!(Exit::from_code(-1), None);
+    }
+}
