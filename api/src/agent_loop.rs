@@ -103,15 +103,15 @@ async fn step_until_waiting(
     let mut failures = 0;
     loop {
         let Some(session) = sessions::find(&ctx.db, None, session_id).await? else {
-            // Deleted: its rows went with it, unless one slipped in meanwhile.
-            outbox::forget(&ctx.db, session_id).await?;
+            // Deleted: its rows went with it (the keys cascade).
             return Ok(());
         };
         let events = events::all(&ctx.db, session_id).await?;
         match turn::next(&events) {
             Next::Wait => {
                 let needs_worker = agent_steps::needs_worker(&events);
-                let exists = agent_steps::settle_wait(
+                // A Session deleted meanwhile took its wake-ups with it.
+                agent_steps::settle_wait(
                     ctx,
                     session_id,
                     &session.environment_id,
@@ -119,9 +119,6 @@ async fn step_until_waiting(
                     needs_worker,
                 )
                 .await?;
-                if !exists {
-                    outbox::forget(&ctx.db, session_id).await?;
-                }
                 return Ok(());
             }
             Next::EndTurn => {

@@ -99,17 +99,18 @@ pub async fn commit_reply(
 /// transaction, taking the rows in the order a Session's deletion does (the
 /// Session, then its wake-ups), so the two cannot deadlock; a Work that
 /// stops meanwhile is either seen stopped here, or its wake-up row commits
-/// after the delete and brings the loop back. `false`: the Session is gone.
+/// after the delete and brings the loop back. A Session deleted meanwhile
+/// took its wake-ups with it (the keys cascade): nothing to do.
 pub async fn settle_wait(
     ctx: &ApiContext,
     session_id: &str,
     environment_id: &str,
     last_seq: i64,
     needs_worker: bool,
-) -> ApiResult<bool> {
+) -> ApiResult<()> {
     let mut tx = ctx.db.begin().await?;
     if !sessions::hold(&mut tx, session_id).await? {
-        return Ok(false);
+        return Ok(());
     }
     outbox::handled(&mut *tx, session_id, last_seq).await?;
     if needs_worker {
@@ -123,7 +124,7 @@ pub async fn settle_wait(
         .await?;
     }
     tx.commit().await?;
-    Ok(true)
+    Ok(())
 }
 
 /// Whether the events leave calls a worker could run.

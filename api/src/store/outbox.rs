@@ -23,12 +23,3 @@ pub async fn handled(db: impl PgExecutor<'_>, session_id: &str, last_seq: i64) -
         .await?;
     Ok(())
 }
-
-/// Drops every wake-up of a Session that no longer exists.
-pub async fn forget(db: impl PgExecutor<'_>, session_id: &str) -> sqlx::Result<()> {
-    sqlx::query("DELETE FROM outbox WHERE session_id = $1")
-        .bind(session_id)
-        .execute(db)
-        .await?;
-    Ok(())
-}

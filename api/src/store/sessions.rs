@@ -101,8 +101,14 @@ pub async fn find(
 
 /// Locks the Session row for the rest of the transaction: admission, Fail and
 /// in-process appends serialize here, which numbers events in commit order.
+///
+/// `FOR NO KEY UPDATE`, the lock an update of the row takes anyway: it
+/// serializes these writers and a deletion, but leaves the row's key free
+/// for the foreign-key checks of rows that reference the Session. A Work
+/// stopping meanwhile writes its wake-up row without waiting, so Fail, which
+/// takes this lock and then stops its Work, cannot deadlock with that stop.
 pub async fn lock(db: &mut PgConnection, id: &str) -> sqlx::Result<Option<SessionRow>> {
-    let sql = format!("SELECT {COLUMNS} FROM sessions WHERE id = $1 FOR UPDATE");
+    let sql = format!("SELECT {COLUMNS} FROM sessions WHERE id = $1 FOR NO KEY UPDATE");
     sqlx::query_as(&sql).bind(id).fetch_optional(db).await
 }
 
@@ -126,7 +132,7 @@ pub async fn lock_for_admission(
                 EXISTS (SELECT 1 FROM work w WHERE w.session_id = sessions.id
                           AND w.kind = 'session' AND w.state <> 'stopped') AS has_live_work
          FROM sessions WHERE id = $1 AND ($2::text IS NULL OR workspace_id = $2)
-         FOR UPDATE OF sessions"
+         FOR NO KEY UPDATE OF sessions"
     );
     let row: Option<LockedSession> = sqlx::query_as(&sql)
         .bind(id)

@@ -723,9 +723,9 @@ async fn a_fenced_write_racing_another_commit_writes_nothing(db: sqlx::PgPool) {
     }
 }
 
-/// Event and outbox rows carry no foreign key: a Session deleted while a
-/// worker's answer waits for its row leaves the answer nothing to fence on,
-/// so it writes nothing and no row outlives the Session.
+/// A Session deleted while a worker's answer waits for its row leaves the
+/// answer nothing to fence on, so it writes nothing and no row outlives the
+/// Session.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_fenced_write_racing_the_sessions_deletion_leaves_no_rows(db: sqlx::PgPool) {
     let app = TestApp::start(db).await;
@@ -740,6 +740,95 @@ async fn a_fenced_write_racing_the_sessions_deletion_leaves_no_rows(db: sqlx::Pg
     );
     assert_eq!(app.count_for("session_events", &s).await, 0);
     assert_eq!(app.count_for("outbox", &s).await, 0);
+}
+
+/// Event and outbox rows reference their Session: the database refuses one
+/// that names no Session, whoever writes it, not only the api's statements.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn the_database_refuses_log_rows_of_a_missing_session(db: sqlx::PgPool) {
+    let refused =
+        |result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>, what: &str| match result {
+            Err(sqlx::Error::Database(e)) => {
+                assert!(e.is_foreign_key_violation(), "{what}: {e}");
+            }
+            other => panic!("{what} for a missing Session was stored: {other:?}"),
+        };
+    refused(
+        sqlx::query(
+            "INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
+             VALUES ('sesn_missing', 1, 'sevt_orphan', 'user.message', now(), '{}')",
+        )
+        .execute(&db)
+        .await,
+        "an event",
+    );
+    refused(
+        sqlx::query(
+            "INSERT INTO outbox (session_id, last_seq, created_at) VALUES ('sesn_missing', 0, now())",
+        )
+        .execute(&db)
+        .await,
+        "a wake-up row",
+    );
+}
+
+/// Admission's lock on a Session (as Fail takes it before it stops its
+/// Work) leaves the Session's key free: a Work of the Session stopping
+/// meanwhile writes its wake-up row, whose key check share-locks that key,
+/// without waiting for the admission. If it waited, Fail going on to stop
+/// the same Work would wait for the stop, and the two would deadlock.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_work_stopping_under_its_sessions_admission_lock_does_not_wait_for_it(db: sqlx::PgPool) {
+    use mango_api::store::sessions;
+    let app = TestApp::start(db).await;
+    for by_admission in [false, true] {
+        let (s, _call, work_id, _) = open_call_with_live_work(&app).await;
+        let wakeups = app.count_for("outbox", &s).await;
+        let mut admitting = app.db.begin().await.unwrap();
+        let locked = if by_admission {
+            sessions::lock_for_admission(&mut admitting, &s, Some("wrkspc_default"))
+                .await
+                .unwrap()
+                .map(|(session, _)| session)
+        } else {
+            sessions::lock(&mut admitting, &s).await.unwrap()
+        };
+        assert!(locked.is_some());
+        timeout(Duration::from_secs(3), app.stop_work(&work_id, true))
+            .await
+            .expect("the stop does not wait for the admission's lock");
+        assert_eq!(
+            app.count_for("outbox", &s).await,
+            wakeups + 1,
+            "its wake-up row"
+        );
+        admitting.commit().await.unwrap();
+    }
+}
+
+/// Deleting a Session takes everything that hangs off it: events, tool
+/// calls, Work and wake-up rows.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn deleting_a_session_takes_its_log_calls_work_and_wakeups(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (s, _call, _work, _version) = open_call_with_live_work(&app).await;
+    let keep = open_call_with_live_work(&app).await.0;
+    let tables = ["session_events", "session_tool_calls", "work", "outbox"];
+    for table in tables {
+        assert!(app.count_for(table, &s).await > 0, "{table} before");
+    }
+    app.delete_session_uncommitted(&s)
+        .await
+        .commit()
+        .await
+        .unwrap();
+    for table in tables {
+        assert_eq!(app.count_for(table, &s).await, 0, "{table} after");
+        assert!(
+            app.count_for(table, &keep).await > 0,
+            "{table} of another Session"
+        );
+    }
 }
 
 /// A Session and call state as stored, for the guard's exhaustive test.
