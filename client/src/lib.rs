@@ -13,7 +13,7 @@ pub use sse::{EventStream, StreamFrame};
 use mango_protocol::events::{Event, SentEvent};
 use mango_protocol::sessions::Session;
 use mango_protocol::{
-    Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work, NO_HEARTBEAT,
+    Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work, WorkClaims, NO_HEARTBEAT,
 };
 use rand::Rng;
 use reqwest::{Method, StatusCode};
@@ -446,6 +446,19 @@ impl Client {
             &path,
             &[],
             Some(&json!({"error": {"message": message}})),
+        )
+        .await
+    }
+
+    /// Where the items `ids` stand that this Environment key claimed
+    /// (Mango's extension; the others are left out).
+    pub async fn claims(&self, environment_id: &str, ids: &[String]) -> Result<WorkClaims> {
+        let query: Vec<(&str, String)> = ids.iter().map(|id| ("ids[]", id.clone())).collect();
+        self.json(
+            Method::GET,
+            &Self::work_path(environment_id, "/claims"),
+            &query,
+            None,
         )
         .await
     }

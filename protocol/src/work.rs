@@ -145,6 +145,32 @@ pub struct Work {
     #[serde(with = "serde_ts::option")]
     pub expires_at: Option<Timestamp>,
     pub result: Option<CheckResult>,
+    /// Mango's extension, in Poll responses only: the number of the claim
+    /// this Poll made (1 for the first, one more per reclaim). A supervisor
+    /// names its sandbox from the Work id and this, so a second create for
+    /// the same claim conflicts. The SDKs ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<i64>,
+}
+
+/// Mango's extension for supervisors (`GET …/work/claims`, Environment
+/// key): where the items this key claimed stand, so a supervisor can
+/// remove a sandbox whose Work stopped or was reclaimed by someone else.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkClaims {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub data: Vec<ClaimState>,
+}
+
+/// One item a key claimed: its state now and its current claim's number.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClaimState {
+    pub id: String,
+    pub state: WorkState,
+    pub claim: i64,
+    #[serde(with = "serde_ts::option")]
+    pub stop_requested_at: Option<Timestamp>,
 }
 
 /// The decoded Work secret: URL-safe base64 (no padding) of this JSON.

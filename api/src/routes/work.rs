@@ -21,8 +21,8 @@ use axum::{Json, Router};
 use chrono::Duration;
 use mango_protocol::time;
 use mango_protocol::{
-    CheckResult, CreateWork, ErrorCode, FailWork, HeartbeatParams, HeartbeatResponse, Page,
-    QueueStats, StopWork, UpdateWork, Work, WorkData, WorkResult, NO_HEARTBEAT,
+    CheckResult, ClaimState, CreateWork, ErrorCode, FailWork, HeartbeatParams, HeartbeatResponse,
+    Page, QueueStats, StopWork, UpdateWork, Work, WorkClaims, WorkData, WorkResult, NO_HEARTBEAT,
 };
 
 pub const MAX_RESULT_MESSAGE_CHARS: usize = 1024;
@@ -34,6 +34,7 @@ pub fn router() -> Router<ApiContext> {
         .route("/v1/environments/{env}/work", post(create).get(list))
         .route("/v1/environments/{env}/work/poll", get(poll))
         .route("/v1/environments/{env}/work/stats", get(stats))
+        .route("/v1/environments/{env}/work/claims", get(claims))
         .route(
             "/v1/environments/{env}/work/{work}",
             get(retrieve).post(update),
@@ -195,6 +196,54 @@ async fn poll(
     Ok(Json(claimed.map(|(row, secret)| {
         row.render(&row.lease().reconcile(time::now()), Some(secret))
     })))
+}
+
+/// Most items one claims request asks about (a supervisor's live sandboxes).
+pub const MAX_CLAIMS_PER_REQUEST: usize = 100;
+
+/// Claims (Environment key; Mango's extension): where the items `ids[]`
+/// stand that this key claimed, reconciled as every read is. Items another
+/// key claimed, or none, are left out, so a supervisor learns only of its own.
+async fn claims(
+    State(ctx): State<ApiContext>,
+    Path(env): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Json<WorkClaims>> {
+    let mut conn = ctx.db.acquire().await?;
+    let key = authenticate(&ctx, &mut conn, &headers)
+        .await?
+        .environment_key(&env, "Reading claims")?;
+    let params = Params::parse(query.as_deref())?;
+    let ids: Vec<String> = params
+        .all("ids[]")
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    if ids.len() > MAX_CLAIMS_PER_REQUEST {
+        return Err(ApiError::invalid_parameter(format!(
+            "{} ids[] in one request; at most {MAX_CLAIMS_PER_REQUEST} are allowed",
+            ids.len()
+        )));
+    }
+    let now = time::now();
+    let data = work::claimed_by(&mut *conn, &env, &key.id, &ids)
+        .await?
+        .into_iter()
+        .map(|row| {
+            let lease = row.lease().reconcile(now);
+            ClaimState {
+                id: row.id,
+                state: lease.state,
+                claim: row.claim_epoch,
+                stop_requested_at: lease.stop_requested_at,
+            }
+        })
+        .collect();
+    Ok(Json(WorkClaims {
+        kind: "work_claims".into(),
+        data,
+    }))
 }
 
 /// Ack (Environment key): the pending claim becomes `starting`.

@@ -113,6 +113,8 @@ impl WorkRow {
 
     /// The wire object, as of `lease` (normally `self.lease().reconcile(now)`).
     pub fn render(&self, lease: &Lease, secret: Option<String>) -> Work {
+        // The claim number goes with the secret: only Poll answers it.
+        let claim = secret.as_ref().map(|_| self.claim_epoch);
         Work {
             id: self.id.clone(),
             kind: "work".into(),
@@ -132,6 +134,7 @@ impl WorkRow {
             secret,
             expires_at: lease.expires_at,
             result: lease.result.clone(),
+            claim,
         }
     }
 }
@@ -235,6 +238,7 @@ pub fn claim_statement() -> &'static str {
              )
              UPDATE work SET
                  state = 'queued', claim_epoch = work.claim_epoch + 1, token_sha256 = $5,
+                 claimed_by = $2,
                  claimed_at = $3, acknowledged_at = NULL, started_at = NULL,
                  latest_heartbeat_at = NULL, previous_heartbeat_at = NULL,
                  lease_expires_at = NULL, stop_requested_at = NULL,
@@ -417,6 +421,27 @@ pub async fn due_for_reconcile(
     sqlx::query_as(&sql)
         .bind(now)
         .bind(limit)
+        .fetch_all(db)
+        .await
+}
+
+/// Where the items `ids` of the Environment stand, for the key that made
+/// their current claim (other items are left out).
+pub async fn claimed_by(
+    db: impl PgExecutor<'_>,
+    environment_id: &str,
+    key_id: &str,
+    ids: &[String],
+) -> sqlx::Result<Vec<WorkRow>> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM work
+         WHERE environment_id = $1 AND claimed_by = $2 AND id = ANY($3)
+         ORDER BY id"
+    );
+    sqlx::query_as(&sql)
+        .bind(environment_id)
+        .bind(key_id)
+        .bind(ids)
         .fetch_all(db)
         .await
 }

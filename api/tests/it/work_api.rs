@@ -68,6 +68,11 @@ fn assert_work(w: &Value, env: &str, state: &str) {
         .unwrap_or_else(|| panic!("expected a Work object, got {w}"));
     let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
     keys.sort_unstable();
+    // A Poll answer (the one that carries the secret) also names its claim.
+    if !w["secret"].is_null() {
+        assert!(w["claim"].as_i64().is_some_and(|c| c >= 1), "claim of {w}");
+        keys.retain(|k| *k != "claim");
+    }
     assert_eq!(keys, WORK_FIELDS, "Work fields of {w}");
     assert!(w["id"].as_str().is_some_and(|id| id.starts_with("work_")));
     assert_eq!(w["type"], "work");
@@ -1487,4 +1492,119 @@ async fn stale_pending_claim_is_repolled_after_reclaim_older_than_ms(db: sqlx::P
     let r = app.heartbeat(&id, &first.token, NO_HB).await;
     assert_error(&r, 401, "authentication_error", None);
     app.heartbeat(&id, &again.token, NO_HB).await.expect(200);
+}
+
+// ------------------------------------------------------------------ supervisor extensions
+
+/// Poll names the claim it made (1, then one more per reclaim); nothing
+/// else carries it.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn poll_answers_name_their_claim_and_nothing_else_does(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let id = app.create_check().await;
+    let first = app.poll().await.expect("the check");
+    assert_eq!(first.work["claim"], 1);
+    let again = app
+        .poll_query("?reclaim_older_than_ms=0")
+        .await
+        .expect("reclaimed");
+    assert_eq!(again.id, id);
+    assert_eq!(again.work["claim"], 2);
+    let acked = app.ack(&id).await;
+    acked.expect(200);
+    assert!(acked.body.get("claim").is_none(), "{}", acked.body);
+    assert!(get(&app, &id).await.body.get("claim").is_none());
+}
+
+async fn claims(app: &TestApp, credential: &str, ids: &[&str]) -> Reply {
+    let query: Vec<String> = ids
+        .iter()
+        .map(|id| format!("ids%5B%5D={}", urlencode(id)))
+        .collect();
+    app.call(
+        Method::GET,
+        &app.work_path(&format!("/claims?{}", query.join("&"))),
+        Some(credential),
+        None,
+    )
+    .await
+}
+
+/// A supervisor reads where the items its key claimed stand, and only
+/// those: another key's claim, an unclaimed item and an unknown id are left
+/// out. Operators and other Environments' keys are refused.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn claims_show_a_key_its_own_items_only(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let mine = app.create_check().await;
+    let claim = app.poll().await.expect("mine");
+    assert_eq!(claim.id, mine);
+    app.ack(&mine).await.expect(200);
+    let unclaimed = app.create_check().await;
+    // Another key of the same Environment reclaims a third item later.
+    let theirs = app.create_check().await;
+    let (_, other_key) = app.environment_key(&app.env_id).await;
+    let polled = app
+        .call(Method::GET, &app.work_path("/poll"), Some(&other_key), None)
+        .await;
+    polled.expect(200);
+    assert_eq!(polled.body["id"], unclaimed, "oldest first");
+    let polled = app
+        .call(Method::GET, &app.work_path("/poll"), Some(&other_key), None)
+        .await;
+    assert_eq!(polled.body["id"], theirs);
+
+    let r = claims(
+        &app,
+        &app.env_key,
+        &[&mine, &unclaimed, &theirs, "work_nope"],
+    )
+    .await;
+    r.expect(200);
+    assert_eq!(r.body["type"], "work_claims");
+    assert_eq!(
+        r.body["data"],
+        json!([{"id": mine, "state": "starting", "claim": 1, "stop_requested_at": null}])
+    );
+    // A stop shows at once, reconciled.
+    app.stop_work(&mine, true).await;
+    let r = claims(&app, &app.env_key, &[&mine]).await;
+    assert_eq!(r.body["data"][0]["state"], "stopped");
+    // The other key sees its own two.
+    let r = claims(&app, &other_key, &[&mine, &unclaimed, &theirs]).await;
+    let ids: Vec<&str> = r.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    let mut want = vec![unclaimed.as_str(), theirs.as_str()];
+    want.sort_unstable();
+    assert_eq!(ids, want);
+
+    assert_error(
+        &claims(&app, &app.ws_key, &[&mine]).await,
+        403,
+        "permission_error",
+        None,
+    );
+    let elsewhere = app.create_environment("elsewhere").await;
+    let (_, elsewhere_key) = app.environment_key(&elsewhere).await;
+    assert_error(
+        &claims(&app, &elsewhere_key, &[&mine]).await,
+        403,
+        "permission_error",
+        None,
+    );
+    let hundred: Vec<String> = (0..100).map(|i| format!("work_{i}")).collect();
+    let refs: Vec<&str> = hundred.iter().map(String::as_str).collect();
+    claims(&app, &app.env_key, &refs).await.expect(200);
+    let mut over = refs.clone();
+    over.push("work_x");
+    assert_error(
+        &claims(&app, &app.env_key, &over).await,
+        400,
+        "invalid_request_error",
+        Some("invalid_parameter"),
+    );
 }
