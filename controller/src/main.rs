@@ -1,11 +1,21 @@
-//! `mango-worker`: the supervisor's binary. Its launchers (`docker`,
-//! `kubernetes`, `local`) start one sandbox per acknowledged Work item;
-//! `item` runs one item in this process, as the seed's `HandleItem` does
-//! (the same code as `mango-runner`).
+//! `mango-worker`: the supervisor's binary. Its launchers start one sandbox
+//! per acknowledged Work item: `docker` (hardened containers) and `local`
+//! (subprocesses, development only); `item` runs one item in this process,
+//! as the seed's `HandleItem` does (the same code as `mango-runner`).
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use mango_controller::core::config::Config;
+use mango_controller::core::launcher::Launcher;
+use mango_controller::core::metrics::Metrics;
+use mango_controller::core::secret::Secret;
+use mango_controller::core::supervisor::{RunEnd, Supervisor};
+use mango_controller::local::LocalLauncher;
 use mango_runner::item::{self, Identity};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "mango-worker", version, about = "The Mango supervisor")]
@@ -16,13 +26,184 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run items as hardened Docker containers, one per item.
+    Docker {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        docker: mango_controller::docker::DockerArgs,
+    },
+    /// Run items as subprocesses of this user (development only: NOT a
+    /// security boundary).
+    Local {
+        #[command(flatten)]
+        common: Common,
+        /// The `mango-runner` binary (default: next to this one).
+        #[arg(long, env = "MANGO_RUNNER_BIN")]
+        runner_bin: Option<PathBuf>,
+        /// Where Session workspaces, healthcheck workspaces and sandbox
+        /// records live.
+        #[arg(long, env = "MANGO_LOCAL_ROOT", default_value = ".mango/local")]
+        root: PathBuf,
+        /// The API URL the runners use (default: MANGO_BASE_URL).
+        #[arg(long, env = "MANGO_SANDBOX_BASE_URL")]
+        sandbox_base_url: Option<String>,
+    },
     /// Run one acknowledged Work item here; the Work secret is read from
     /// stdin (an alias of `mango-runner`).
     Item(Identity),
 }
 
+/// What every launcher's supervisor takes.
+#[derive(Args)]
+struct Common {
+    /// The Environment key (Poll, Ack, Stats; never a Workspace key).
+    #[arg(long, env = "MANGO_ENVIRONMENT_KEY", hide_env_values = true)]
+    environment_key: String,
+    #[arg(long, env = "MANGO_ENVIRONMENT_ID")]
+    environment_id: String,
+    /// The API, as this supervisor reaches it.
+    #[arg(long, env = "MANGO_BASE_URL")]
+    base_url: String,
+    /// At most this many live sandboxes.
+    #[arg(long, env = "MANGO_MAX_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_concurrency: u32,
+    /// The `mango.dev/pool` label of this supervisor's sandboxes.
+    #[arg(long, env = "MANGO_POOL", default_value = "default")]
+    pool: String,
+    /// Where `/metrics` and `/healthz` are served.
+    #[arg(long, env = "MANGO_METRICS_ADDR", default_value = "127.0.0.1:9464")]
+    metrics_addr: SocketAddr,
+    /// After SIGTERM, running items get this long before their sandboxes are removed.
+    #[arg(long, env = "MANGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
+    shutdown_grace_seconds: u64,
+}
+
+impl Common {
+    fn config(&self, sandbox_base_url: &str) -> Config {
+        let mut config = Config::new(&self.environment_id, sandbox_base_url);
+        config.max_concurrency = self.max_concurrency as usize;
+        config.pool = self.pool.clone();
+        config.shutdown_grace = Duration::from_secs(self.shutdown_grace_seconds);
+        config
+    }
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Item(identity) => item::run(identity),
+        Command::Local {
+            common,
+            runner_bin,
+            root,
+            sandbox_base_url,
+        } => {
+            init_logging();
+            eprintln!(
+                "mango-worker local: items run as subprocesses of this user, with this \
+                 machine's files and network. This is NOT a security boundary: use it for \
+                 development only, and `mango-worker docker` (or Kubernetes) for anything else."
+            );
+            let runner = runner_bin.unwrap_or_else(next_to_me);
+            let base = sandbox_base_url.unwrap_or_else(|| common.base_url.clone());
+            let config = common.config(&base);
+            block_on(async move {
+                let launcher = LocalLauncher::new(runner, root, &config.pool)?;
+                Ok(supervise(common, config, launcher).await)
+            })
+        }
+        Command::Docker { common, docker } => {
+            init_logging();
+            let config = common.config(&docker.sandbox_base_url);
+            block_on(async move {
+                let launcher = mango_controller::docker::DockerLauncher::connect(&docker, &config.pool).await?;
+                Ok(supervise(common, config, launcher).await)
+            })
+        }
     }
+}
+
+fn init_logging() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("MANGO_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// `mango-runner` beside this executable.
+fn next_to_me() -> PathBuf {
+    std::env::current_exe()
+        .map(|me| me.with_file_name("mango-runner"))
+        .unwrap_or_else(|_| PathBuf::from("mango-runner"))
+}
+
+fn block_on(
+    run: impl std::future::Future<Output = Result<ExitCode, mango_controller::core::launcher::LaunchError>>,
+) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    match runtime.block_on(run) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("mango-worker: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> ExitCode {
+    let key = Secret::new(common.environment_key);
+    let kind = launcher.kind();
+    let supervisor = Supervisor::new(config, launcher, &common.base_url, &key);
+    if let Err(err) = supervisor.check_key(&key).await {
+        eprintln!("mango-worker: {err}");
+        return ExitCode::from(2);
+    }
+    drop(key);
+    let metrics = supervisor.metrics();
+    match tokio::net::TcpListener::bind(common.metrics_addr).await {
+        Ok(listener) => {
+            tokio::spawn(serve_metrics(listener, metrics));
+        }
+        Err(err) => {
+            eprintln!("mango-worker: cannot serve metrics on {}: {err}", common.metrics_addr);
+            return ExitCode::from(2);
+        }
+    }
+    tracing::info!(launcher = kind, environment_id = %common.environment_id, "supervisor polling");
+    match supervisor.run(shutdown_signal()).await {
+        RunEnd::Shutdown => ExitCode::SUCCESS,
+        RunEnd::KeyRefused(why) => {
+            eprintln!("mango-worker: the api no longer accepts MANGO_ENVIRONMENT_KEY ({why}); stopped polling");
+            ExitCode::from(3)
+        }
+    }
+}
+
+async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/metrics", get(move || async move { metrics.render() }))
+        .route("/healthz", get(|| async { "ok" }));
+    if let Err(err) = axum::serve(listener, app).await {
+        tracing::error!(error = %err, "the metrics server stopped");
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down: no more polling; running items get the shutdown grace");
 }

@@ -1,0 +1,64 @@
+//! How a supervisor runs: its Environment, its pool, its bounds.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub environment_id: String,
+    /// The `mango.dev/pool` label of its sandboxes: which ones it owns.
+    pub pool: String,
+    /// The API base URL sandboxes use (`MANGO_DOCKER_BASE_URL`, the
+    /// in-cluster Service…), which may differ from the supervisor's own.
+    pub sandbox_base_url: String,
+    /// At most this many live sandboxes.
+    pub max_concurrency: usize,
+    /// Poll's long-poll wait (1..=999 ms).
+    pub block_ms: u32,
+    /// Sent as `Anthropic-Worker-ID`, for queue stats.
+    pub worker_id: String,
+    /// A healthcheck's sandbox is removed this long after its creation if
+    /// its runner has not exited (spec §7: 30 s).
+    pub healthcheck_attempt: Duration,
+    /// Each request to the engine while reconciling or cleaning up (spec §7: 15 s).
+    pub request_bound: Duration,
+    /// After SIGTERM, running items get this long to finish before their
+    /// sandboxes are removed.
+    pub shutdown_grace: Duration,
+    /// How often the claims of live items are read (a stopped or reclaimed
+    /// item's sandbox is removed within this much).
+    pub claims_every: Duration,
+    /// A `stopping` item's runner gets this long to notice and exit before
+    /// its sandbox is removed.
+    pub stopping_grace: Duration,
+    /// First pause after a failed Poll; doubles (with jitter) up to `max_backoff`.
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Config {
+    pub fn new(environment_id: &str, sandbox_base_url: &str) -> Config {
+        Config {
+            environment_id: environment_id.to_string(),
+            pool: "default".into(),
+            sandbox_base_url: sandbox_base_url.to_string(),
+            max_concurrency: 4,
+            block_ms: 999,
+            worker_id: default_worker_id(),
+            healthcheck_attempt: Duration::from_secs(30),
+            request_bound: Duration::from_secs(15),
+            shutdown_grace: Duration::from_secs(30),
+            claims_every: Duration::from_secs(2),
+            stopping_grace: Duration::from_secs(5),
+            first_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `mango-worker-<host>-<pid>`.
+pub fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!("mango-worker-{host}-{}", std::process::id())
+}

@@ -1,0 +1,128 @@
+//! What a launcher does for the supervisor: one sandbox per acknowledged
+//! item, from creation to removal. The supervisor core decides when; a
+//! launcher (`docker`, `local`, and next `kubernetes`) only knows how.
+
+use crate::core::secret::Secret;
+use mango_protocol::WorkType;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Instant;
+
+/// Which item a sandbox serves: the non-secret identity of spec §7.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemIdentity {
+    pub work_id: String,
+    /// The claim this sandbox was made for (Poll's `claim`).
+    pub claim: i64,
+    pub environment_id: String,
+    pub work_type: WorkType,
+    /// Session Work only.
+    pub session_id: Option<String>,
+}
+
+/// Everything a launcher needs to make one item's sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// Unique per Work id and claim ([`crate::core::naming::sandbox_name`]):
+    /// a second create for the same claim conflicts.
+    pub name: String,
+    pub item: ItemIdentity,
+    /// `mango.dev/…` labels, so operators find an item's sandbox.
+    pub labels: BTreeMap<String, String>,
+    /// The runner's environment: identity only, never a credential.
+    pub env: Vec<(String, String)>,
+}
+
+/// A sandbox a launcher made or found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    pub name: String,
+    /// The launcher's own handle (a container id, a process id…).
+    pub handle: String,
+    pub item: ItemIdentity,
+}
+
+/// A sandbox left by an earlier run of the supervisor.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub sandbox: Sandbox,
+    /// Still running (the supervisor may adopt it); otherwise it exited.
+    pub running: bool,
+}
+
+/// When the hand-off's two stages happened.
+#[derive(Debug, Clone, Copy)]
+pub struct HandOff {
+    /// The runner's process started.
+    pub started: Instant,
+    /// The secret was written and stdin closed.
+    pub delivered: Instant,
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxExit {
+    /// The runner exited with this status (see `mango_runner::exit::Exit`).
+    Exited(i64),
+    /// The sandbox disappeared (removed from outside).
+    Gone,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A sandbox of this name exists: this claim has one already.
+    #[error("a sandbox named {0} exists already")]
+    AlreadyExists(String),
+    /// The sandbox does not exist (any more).
+    #[error("sandbox {0} does not exist")]
+    NotFound(String),
+    /// The engine (Docker daemon, Kubernetes API, the local system) did not answer.
+    #[error("the {engine} is unavailable: {message}")]
+    Unavailable {
+        engine: &'static str,
+        message: String,
+    },
+    /// The sandbox's workspace could not be prepared.
+    #[error("the workspace could not be prepared: {0}")]
+    Workspace(String),
+    /// The image, the runner binary or another input does not exist.
+    #[error("{0}")]
+    Missing(String),
+    /// The engine refused or failed the request.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One kind of sandbox. Every call is bounded by the caller.
+pub trait Launcher: Send + Sync + 'static {
+    /// What to call it in logs and metrics (`docker`, `local`).
+    fn kind(&self) -> &'static str;
+
+    /// The sandboxes of this supervisor's pool that already exist.
+    fn existing(&self) -> impl Future<Output = Result<Vec<Found>, LaunchError>> + Send;
+
+    /// Makes the sandbox, not yet started, with its workspace (a Session's
+    /// persists across activations; a healthcheck's is ephemeral). A name
+    /// that exists is [`LaunchError::AlreadyExists`], never a second sandbox.
+    fn create(
+        &self,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<Sandbox, LaunchError>> + Send;
+
+    /// Starts the sandbox's runner and writes the secret to its stdin, once,
+    /// then closes stdin. The secret goes nowhere else.
+    fn hand_off(
+        &self,
+        sandbox: &Sandbox,
+        secret: Secret,
+    ) -> impl Future<Output = Result<HandOff, LaunchError>> + Send;
+
+    /// Until the runner exits.
+    fn wait(&self, sandbox: &Sandbox)
+        -> impl Future<Output = Result<SandboxExit, LaunchError>> + Send;
+
+    /// Removes the sandbox at once (zero grace: the runner has finished, or
+    /// its Work was stopped or reclaimed), keeping a Session's workspace.
+    /// A sandbox already gone is removed.
+    fn remove(&self, sandbox: &Sandbox) -> impl Future<Output = Result<(), LaunchError>> + Send;
+}

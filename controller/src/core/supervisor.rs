@@ -1,0 +1,602 @@
+//! The supervisor (spec §7): polls with the Environment key, acks, asks a
+//! launcher for one sandbox per item, hands the secret over once, watches
+//! the sandbox and removes it when the activation ends. It never
+//! heartbeats: the runner does, and the runner's exit ends the activation.
+//!
+//! Whether an item's Work was stopped or reclaimed meanwhile it learns from
+//! the claims of its key (`GET …/work/claims`, Mango's narrow extension),
+//! read every `claims_every` for all live items at once.
+
+use crate::core::config::Config;
+use crate::core::launcher::{Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec};
+use crate::core::metrics::{Metrics, Outcome};
+use crate::core::naming;
+use crate::core::secret::Secret;
+use crate::core::stages::{Stage, Stamps};
+use mango_client::{Client, ClientError, RetryPolicy};
+use mango_protocol::{Work, WorkData, WorkState, WorkType};
+use rand::Rng;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Why the supervisor would not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("MANGO_ENVIRONMENT_KEY is a Workspace key: a Workspace key must never reach a supervisor or a sandbox; create an Environment key with `mango api-key create -workspace W -environment {0} -label L`")]
+    WorkspaceKey(String),
+    #[error("MANGO_ENVIRONMENT_KEY is not an Environment key (keys of this kind start with mango_envk_)")]
+    NotAnEnvironmentKey,
+    #[error("the api refused MANGO_ENVIRONMENT_KEY ({0}): it is unknown or revoked; create a new one with `mango api-key create … -environment …`")]
+    Refused(ClientError),
+    #[error("MANGO_ENVIRONMENT_KEY does not serve Environment {environment} ({error})")]
+    WrongEnvironment {
+        environment: String,
+        error: ClientError,
+    },
+}
+
+/// How a run ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// Asked to stop (SIGTERM); every sandbox was finished or removed.
+    Shutdown,
+    /// The api stopped accepting the key (revoked meanwhile).
+    KeyRefused(String),
+}
+
+/// What the claims say of a live item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Still this claim's, and running (or about to).
+    Live,
+    /// Asked to stop: its runner should exit soon.
+    Stopping,
+    /// Stopped, or another claim took it: its sandbox goes now.
+    Over,
+}
+
+struct LiveItem {
+    claim: i64,
+    verdict: watch::Sender<Verdict>,
+}
+
+struct Shared<L> {
+    config: Config,
+    launcher: L,
+    /// Polls, without the client's own retries: the loop backs off itself.
+    poller: Client,
+    /// Ack and claims, with retries.
+    ops: Client,
+    metrics: Arc<Metrics>,
+    live: Mutex<HashMap<String, LiveItem>>,
+    slots: Arc<Semaphore>,
+    /// Set on shutdown once the grace is over: every sandbox goes now.
+    force: CancellationToken,
+}
+
+pub struct Supervisor<L: Launcher> {
+    shared: Arc<Shared<L>>,
+}
+
+impl<L: Launcher> Supervisor<L> {
+    pub fn new(config: Config, launcher: L, api_base: &str, key: &Secret) -> Supervisor<L> {
+        let poller = Client::new(api_base, key.expose()).with_retry(RetryPolicy::none());
+        let ops = Client::new(api_base, key.expose());
+        let slots = Arc::new(Semaphore::new(config.max_concurrency));
+        Supervisor {
+            shared: Arc::new(Shared {
+                config,
+                launcher,
+                poller,
+                ops,
+                metrics: Arc::default(),
+                live: Mutex::default(),
+                slots,
+                force: CancellationToken::new(),
+            }),
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Refuses a Workspace key, a key the api does not accept, and a key of
+    /// another Environment, with the reason; waits (backing off) while the
+    /// api cannot be reached.
+    pub async fn check_key(&self, key: &Secret) -> Result<(), StartError> {
+        let env = &self.shared.config.environment_id;
+        if key.expose().starts_with("mango_wsk_") {
+            return Err(StartError::WorkspaceKey(env.clone()));
+        }
+        if !key.expose().starts_with("mango_envk_") {
+            return Err(StartError::NotAnEnvironmentKey);
+        }
+        let mut backoff = Backoff::new(&self.shared.config);
+        loop {
+            match self.shared.poller.stats(env).await {
+                Ok(_) => return Ok(()),
+                Err(err) if err.status().map(|s| s.as_u16()) == Some(401) => {
+                    return Err(StartError::Refused(err))
+                }
+                Err(err) if matches!(err.status().map(|s| s.as_u16()), Some(403 | 404)) => {
+                    return Err(StartError::WrongEnvironment {
+                        environment: env.clone(),
+                        error: err,
+                    })
+                }
+                Err(err) => {
+                    let pause = backoff.next();
+                    tracing::warn!(error = %err, ?pause, "the api is unavailable; retrying");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// Runs until `shutdown` resolves (then drains) or the api refuses the key.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> RunEnd {
+        let shared = self.shared.clone();
+        let mut items = JoinSet::new();
+        shared.reconcile(&mut items).await;
+        let watcher = tokio::spawn(shared.clone().watch_claims());
+        tokio::pin!(shutdown);
+        let end = tokio::select! {
+            end = shared.clone().poll_loop(&mut items) => end,
+            _ = &mut shutdown => RunEnd::Shutdown,
+        };
+        tracing::info!(live = shared.live_count(), "no longer polling; letting running items finish");
+        shared.drain(&mut items).await;
+        watcher.abort();
+        end
+    }
+}
+
+impl<L: Launcher> Shared<L> {
+    fn live_count(&self) -> usize {
+        self.live.lock().expect("live lock").len()
+    }
+
+    /// Polls while slots are free; each item runs in `items`.
+    async fn poll_loop(self: Arc<Self>, items: &mut JoinSet<()>) -> RunEnd {
+        let env = self.config.environment_id.clone();
+        let mut backoff = Backoff::new(&self.config);
+        loop {
+            // Reap finished items so the set does not grow.
+            while items.try_join_next().is_some() {}
+            let Ok(permit) = self.slots.clone().acquire_owned().await else {
+                return RunEnd::Shutdown;
+            };
+            let polled = self
+                .poller
+                .poll(&env, Some(self.config.block_ms), Some(&self.config.worker_id))
+                .await;
+            let at = Instant::now();
+            match polled {
+                Ok(Some(work)) => {
+                    backoff.reset();
+                    self.metrics.polls.fetch_add(1, Relaxed);
+                    items.spawn(self.clone().run_item(work, at, permit));
+                }
+                Ok(None) => {
+                    backoff.reset();
+                    self.metrics.polls.fetch_add(1, Relaxed);
+                    self.metrics.empty_polls.fetch_add(1, Relaxed);
+                }
+                Err(err) if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403)) => {
+                    tracing::error!(error = %err, "the api refused the Environment key; no longer polling");
+                    return RunEnd::KeyRefused(err.to_string());
+                }
+                Err(err) => {
+                    self.metrics.poll_errors.fetch_add(1, Relaxed);
+                    drop(permit);
+                    let pause = backoff.next();
+                    tracing::warn!(error = %err, ?pause, "poll failed; backing off");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// Sandboxes an earlier run left: exited ones are removed, running ones
+    /// adopted and watched like the items this run starts.
+    async fn reconcile(self: &Arc<Self>, items: &mut JoinSet<()>) {
+        let found = match tokio::time::timeout(self.config.request_bound, self.launcher.existing())
+            .await
+        {
+            Ok(Ok(found)) => found,
+            Ok(Err(err)) => {
+                tracing::error!(error = %err, "could not list the sandboxes of an earlier run");
+                return;
+            }
+            Err(_) => {
+                tracing::error!("listing the sandboxes of an earlier run timed out");
+                return;
+            }
+        };
+        for Found { sandbox, running } in found {
+            if !running {
+                tracing::info!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, "removing an exited sandbox of an earlier run");
+                self.remove(&sandbox).await;
+                continue;
+            }
+            tracing::info!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, "adopting a running sandbox of an earlier run");
+            // It counts against the concurrency limit like any other.
+            let permit = self.slots.clone().try_acquire_owned().ok();
+            let verdict = self.register(&sandbox.item);
+            self.metrics.outcome(Outcome::Adopted);
+            let shared = self.clone();
+            items.spawn(async move {
+                let mut stamps = Stamps::default();
+                shared.watch(&sandbox, verdict, &mut stamps).await;
+                shared.finish(&sandbox.item, &stamps);
+                drop(permit);
+            });
+        }
+    }
+
+    fn register(&self, item: &ItemIdentity) -> watch::Receiver<Verdict> {
+        let (tx, rx) = watch::channel(Verdict::Live);
+        self.live.lock().expect("live lock").insert(
+            item.work_id.clone(),
+            LiveItem {
+                claim: item.claim,
+                verdict: tx,
+            },
+        );
+        self.metrics.live.fetch_add(1, Relaxed);
+        rx
+    }
+
+    fn finish(&self, item: &ItemIdentity, stamps: &Stamps) {
+        let removed = {
+            let mut live = self.live.lock().expect("live lock");
+            match live.get(&item.work_id) {
+                Some(entry) if entry.claim == item.claim => live.remove(&item.work_id).is_some(),
+                _ => false,
+            }
+        };
+        if removed {
+            self.metrics.live.fetch_sub(1, Relaxed);
+        }
+        self.metrics.observe(stamps);
+        let stages: Vec<String> = stamps
+            .offsets_ms()
+            .into_iter()
+            .map(|(s, ms)| format!("{}={ms}ms", s.as_str()))
+            .collect();
+        tracing::debug!(work_id = %item.work_id, claim = item.claim, stages = %stages.join(" "), "item done");
+    }
+
+    /// One polled item, from Ack to its sandbox's removal.
+    async fn run_item(self: Arc<Self>, mut work: Work, polled: Instant, permit: OwnedSemaphorePermit) {
+        let mut stamps = Stamps::default();
+        stamps.mark_at(Stage::Polled, polled);
+        let secret = work.secret.take().map(Secret::new);
+        let item = ItemIdentity {
+            work_id: work.id.clone(),
+            claim: work.claim.unwrap_or(0),
+            environment_id: work.environment_id.clone(),
+            work_type: work.data.work_type(),
+            session_id: match &work.data {
+                WorkData::Session { id } => Some(id.clone()),
+                WorkData::Healthcheck => None,
+            },
+        };
+        let verdict = self.register(&item);
+        let outcome = self.launch(&item, secret, verdict, &mut stamps).await;
+        self.metrics.outcome(outcome);
+        self.finish(&item, &stamps);
+        drop(permit);
+    }
+
+    async fn launch(
+        self: &Arc<Self>,
+        item: &ItemIdentity,
+        secret: Option<Secret>,
+        mut verdict: watch::Receiver<Verdict>,
+        stamps: &mut Stamps,
+    ) -> Outcome {
+        let work_id = &item.work_id;
+        let Some(secret) = secret else {
+            tracing::error!(%work_id, "Poll answered an item without a secret");
+            return Outcome::LaunchFailed;
+        };
+        if item.claim == 0 {
+            tracing::error!(%work_id, "Poll did not name its claim: this api is older than the supervisor");
+            return Outcome::LaunchFailed;
+        }
+        if let Err(err) = self.ops.ack(&item.environment_id, work_id).await {
+            // A stopped item (409) is nobody's now; anything else: the claim expires.
+            tracing::warn!(%work_id, error = %err, "ack failed; the item is left to its lease");
+            return Outcome::LaunchFailed;
+        }
+        stamps.mark(Stage::Acked);
+        let spec = SandboxSpec {
+            name: naming::sandbox_name(work_id, item.claim),
+            item: item.clone(),
+            labels: naming::labels(item, &self.config.pool),
+            env: naming::runner_env(item, &self.config.sandbox_base_url),
+        };
+        let created = tokio::time::timeout(self.config.request_bound, self.launcher.create(&spec)).await;
+        let sandbox = match created {
+            Ok(Ok(sandbox)) => sandbox,
+            Ok(Err(LaunchError::AlreadyExists(name))) => {
+                // Only this claim could have made it: never a second sandbox.
+                tracing::error!(%work_id, sandbox = %name, "a sandbox for this claim exists already; not starting another");
+                return Outcome::LaunchFailed;
+            }
+            Ok(Err(err)) => {
+                tracing::error!(%work_id, sandbox = %spec.name, error = %err, "could not create the sandbox; the item is left to its lease");
+                return Outcome::LaunchFailed;
+            }
+            Err(_) => {
+                tracing::error!(%work_id, sandbox = %spec.name, "creating the sandbox timed out; the item is left to its lease");
+                // It may exist by now.
+                self.remove_named(&spec).await;
+                return Outcome::LaunchFailed;
+            }
+        };
+        stamps.mark(Stage::Created);
+        // After a cancellation, no secret is delivered.
+        if *verdict.borrow() != Verdict::Live || self.force.is_cancelled() {
+            tracing::info!(%work_id, "stopped before its hand-off; removing the sandbox unstarted");
+            drop(secret);
+            self.remove(&sandbox).await;
+            stamps.mark(Stage::Gone);
+            return Outcome::Cancelled;
+        }
+        let handed = tokio::time::timeout(
+            self.config.request_bound,
+            self.launcher.hand_off(&sandbox, secret),
+        )
+        .await;
+        match handed {
+            Ok(Ok(handed)) => {
+                stamps.mark_at(Stage::Started, handed.started);
+                stamps.mark_at(Stage::Delivered, handed.delivered);
+            }
+            Ok(Err(err)) => {
+                tracing::error!(%work_id, sandbox = %sandbox.name, error = %err, "the hand-off failed; removing the sandbox, the item is left to its lease");
+                self.remove(&sandbox).await;
+                stamps.mark(Stage::Gone);
+                return Outcome::LaunchFailed;
+            }
+            Err(_) => {
+                tracing::error!(%work_id, sandbox = %sandbox.name, "the hand-off timed out; removing the sandbox, the item is left to its lease");
+                self.remove(&sandbox).await;
+                stamps.mark(Stage::Gone);
+                return Outcome::LaunchFailed;
+            }
+        }
+        let _ = verdict.borrow_and_update();
+        self.watch(&sandbox, verdict, stamps).await
+    }
+
+    /// Until the runner exits, its Work is stopped or reclaimed, a
+    /// healthcheck's attempt runs out, or shutdown forces it; then the
+    /// sandbox goes.
+    async fn watch(
+        &self,
+        sandbox: &Sandbox,
+        mut verdict: watch::Receiver<Verdict>,
+        stamps: &mut Stamps,
+    ) -> Outcome {
+        let work_id = &sandbox.item.work_id;
+        let attempt_ends = match sandbox.item.work_type {
+            WorkType::Healthcheck => {
+                let from = stamps.get(Stage::Created).unwrap_or_else(Instant::now);
+                Some(tokio::time::Instant::from_std(from + self.config.healthcheck_attempt))
+            }
+            WorkType::Session => None,
+        };
+        let mut stopping_ends: Option<tokio::time::Instant> = None;
+        let exited = self.launcher.wait(sandbox);
+        tokio::pin!(exited);
+        let outcome = loop {
+            tokio::select! {
+                exited = &mut exited => {
+                    match exited {
+                        Ok(SandboxExit::Exited(code)) => {
+                            let why = mango_runner::exit::Exit::from_code(code as i32);
+                            tracing::info!(%work_id, sandbox = %sandbox.name, code, exit = ?why, "the runner exited");
+                        }
+                        Ok(SandboxExit::Gone) => tracing::warn!(%work_id, sandbox = %sandbox.name, "the sandbox disappeared"),
+                        Err(err) => tracing::error!(%work_id, sandbox = %sandbox.name, error = %err, "could not watch the sandbox; removing it"),
+                    }
+                    stamps.mark(Stage::Exited);
+                    break Outcome::Finished;
+                }
+                changed = verdict.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    match *verdict.borrow_and_update() {
+                        Verdict::Over => {
+                            tracing::info!(%work_id, sandbox = %sandbox.name, "its Work stopped or was reclaimed; removing the sandbox");
+                            break Outcome::Cancelled;
+                        }
+                        Verdict::Stopping if stopping_ends.is_none() => {
+                            stopping_ends = Some(tokio::time::Instant::now() + self.config.stopping_grace);
+                        }
+                        _ => {}
+                    }
+                }
+                _ = sleep_until(stopping_ends) => {
+                    tracing::info!(%work_id, sandbox = %sandbox.name, "its Work is stopping and the runner did not exit; removing the sandbox");
+                    break Outcome::Cancelled;
+                }
+                _ = sleep_until(attempt_ends) => {
+                    tracing::warn!(%work_id, sandbox = %sandbox.name, "the healthcheck's attempt ran out; removing the sandbox");
+                    break Outcome::TimedOut;
+                }
+                _ = self.force.cancelled() => {
+                    tracing::warn!(%work_id, sandbox = %sandbox.name, "shutting down: removing the sandbox of a running item");
+                    break Outcome::Cancelled;
+                }
+            }
+        };
+        self.remove(sandbox).await;
+        stamps.mark(Stage::Gone);
+        outcome
+    }
+
+    /// Removes a sandbox within the request bound; a removal the engine
+    /// does not confirm is reported, never hidden.
+    async fn remove(&self, sandbox: &Sandbox) {
+        match tokio::time::timeout(self.config.request_bound, self.launcher.remove(sandbox)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                self.metrics.removal_errors.fetch_add(1, Relaxed);
+                tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, error = %err, "could not confirm the removal of the sandbox");
+            }
+            Err(_) => {
+                self.metrics.removal_errors.fetch_add(1, Relaxed);
+                tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, "removing the sandbox timed out: its removal is not confirmed");
+            }
+        }
+    }
+
+    async fn remove_named(&self, spec: &SandboxSpec) {
+        let sandbox = Sandbox {
+            name: spec.name.clone(),
+            handle: spec.name.clone(),
+            item: spec.item.clone(),
+        };
+        self.remove(&sandbox).await;
+    }
+
+    /// Reads the claims of every live item and tells each what they say.
+    /// While the api cannot answer, verdicts stay as they were: a sandbox
+    /// is never removed for want of an answer.
+    async fn watch_claims(self: Arc<Self>) {
+        let env = self.config.environment_id.clone();
+        let mut tick = tokio::time::interval(self.config.claims_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let ids: Vec<String> = self.live.lock().expect("live lock").keys().cloned().collect();
+            for chunk in ids.chunks(100) {
+                let answer = match self.ops.claims(&env, chunk).await {
+                    Ok(answer) => answer,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not read the claims of live items");
+                        continue;
+                    }
+                };
+                let states: HashMap<&str, (WorkState, i64)> = answer
+                    .data
+                    .iter()
+                    .map(|c| (c.id.as_str(), (c.state, c.claim)))
+                    .collect();
+                let live = self.live.lock().expect("live lock");
+                for id in chunk {
+                    let Some(entry) = live.get(id) else { continue };
+                    let verdict = match states.get(id.as_str()) {
+                        Some((_, claim)) if *claim != entry.claim => Verdict::Over,
+                        Some((WorkState::Stopped, _)) => Verdict::Over,
+                        Some((WorkState::Stopping, _)) => Verdict::Stopping,
+                        Some(_) => Verdict::Live,
+                        // Another key's claim now (or no claim): not ours.
+                        None => Verdict::Over,
+                    };
+                    entry.verdict.send_if_modified(|v| {
+                        let changed = *v != verdict;
+                        *v = verdict;
+                        changed
+                    });
+                }
+            }
+        }
+    }
+
+    /// Lets running items finish for the shutdown grace, then removes what
+    /// is left.
+    async fn drain(&self, items: &mut JoinSet<()>) {
+        let grace = tokio::time::sleep(self.config.shutdown_grace);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                next = items.join_next() => if next.is_none() { return },
+                _ = &mut grace => break,
+            }
+        }
+        tracing::warn!(live = self.live_count(), "the shutdown grace is over; removing the sandboxes of running items");
+        self.force.cancel();
+        let bound = tokio::time::sleep(self.config.request_bound * 2);
+        tokio::pin!(bound);
+        loop {
+            tokio::select! {
+                next = items.join_next() => if next.is_none() { return },
+                _ = &mut bound => {
+                    tracing::error!(live = self.live_count(), "sandboxes whose removal is not confirmed remain");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Jittered exponential back-off between failed polls.
+struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(config: &Config) -> Backoff {
+        Backoff {
+            first: config.first_backoff,
+            max: config.max_backoff,
+            next: config.first_backoff,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.first;
+    }
+
+    /// The pause to take now: up to the current ceiling, at least half of it.
+    fn next(&mut self) -> Duration {
+        let ceiling = self.next;
+        self.next = (self.next * 2).min(self.max);
+        let ms = ceiling.as_millis().max(2) as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps_and_resets() {
+        let mut config = Config::new("env", "http://x");
+        config.first_backoff = Duration::from_millis(100);
+        config.max_backoff = Duration::from_millis(400);
+        let mut b = Backoff::new(&config);
+        let first = b.next();
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+        let second = b.next();
+        assert!(second >= Duration::from_millis(100) && second <= Duration::from_millis(200));
+        for _ in 0..10 {
+            assert!(b.next() <= Duration::from_millis(400));
+        }
+        b.reset();
+        assert!(b.next() <= Duration::from_millis(100));
+    }
+}

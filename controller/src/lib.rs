@@ -1,0 +1,7 @@
+//! The Mango supervisor (`mango-worker`): [`core`] polls and acks Work with
+//! an Environment key and runs one sandbox per item through a launcher;
+//! [`local`] runs each item as a subprocess (development only), [`docker`]
+//! as a hardened container.
+
+pub mod core;
+pub mod local;
