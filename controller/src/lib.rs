@@ -4,4 +4,5 @@
 //! as a hardened container.
 
 pub mod core;
+pub mod docker;
 pub mod local;

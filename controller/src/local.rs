@@ -86,7 +86,12 @@ impl LocalLauncher {
             .map_err(|e| LaunchError::Failed(format!("{}: {e}", path.display())))
     }
 
-    fn write_record(&self, name: &str, record: &Record, exclusive: bool) -> Result<(), LaunchError> {
+    fn write_record(
+        &self,
+        name: &str,
+        record: &Record,
+        exclusive: bool,
+    ) -> Result<(), LaunchError> {
         let path = self.record_path(name);
         let mut options = std::fs::OpenOptions::new();
         options.write(true);
@@ -171,7 +176,10 @@ impl Launcher for LocalLauncher {
         self.write_record(&spec.name, &record, true)?;
         if let Err(e) = std::fs::create_dir_all(&workspace) {
             let _ = std::fs::remove_file(self.record_path(&spec.name));
-            return Err(LaunchError::Workspace(format!("{}: {e}", workspace.display())));
+            return Err(LaunchError::Workspace(format!(
+                "{}: {e}",
+                workspace.display()
+            )));
         }
         Ok(Sandbox {
             name: spec.name.clone(),
@@ -194,7 +202,10 @@ impl Launcher for LocalLauncher {
             .env("MANGO_WORKSPACE", &record.workspace)
             .current_dir(&record.workspace)
             .stdin(Stdio::piped())
-            .stdout(Stdio::from(log.try_clone().map_err(|e| LaunchError::Failed(e.to_string()))?))
+            .stdout(Stdio::from(
+                log.try_clone()
+                    .map_err(|e| LaunchError::Failed(e.to_string()))?,
+            ))
             .stderr(Stdio::from(log))
             // Its own process group, so removal reaches everything it started there.
             .process_group(0)
@@ -277,7 +288,12 @@ impl Launcher for LocalLauncher {
                 }
             }
             // Ours: wait until it is reaped; adopted: until it is gone.
-            let exit = self.exits.lock().expect("exits lock").get(&sandbox.name).cloned();
+            let exit = self
+                .exits
+                .lock()
+                .expect("exits lock")
+                .get(&sandbox.name)
+                .cloned();
             match exit {
                 Some(mut exit) => {
                     let _ = exit.wait_for(Option::is_some).await;

@@ -116,7 +116,9 @@ fn main() -> ExitCode {
             init_logging();
             let config = common.config(&docker.sandbox_base_url);
             block_on(async move {
-                let launcher = mango_controller::docker::DockerLauncher::connect(&docker, &config.pool).await?;
+                let launcher =
+                    mango_controller::docker::DockerLauncher::connect(&docker, &config.pool)
+                        .await?;
                 Ok(supervise(common, config, launcher).await)
             })
         }
@@ -141,7 +143,9 @@ fn next_to_me() -> PathBuf {
 }
 
 fn block_on(
-    run: impl std::future::Future<Output = Result<ExitCode, mango_controller::core::launcher::LaunchError>>,
+    run: impl std::future::Future<
+        Output = Result<ExitCode, mango_controller::core::launcher::LaunchError>,
+    >,
 ) -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -172,7 +176,10 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
             tokio::spawn(serve_metrics(listener, metrics));
         }
         Err(err) => {
-            eprintln!("mango-worker: cannot serve metrics on {}: {err}", common.metrics_addr);
+            eprintln!(
+                "mango-worker: cannot serve metrics on {}: {err}",
+                common.metrics_addr
+            );
             return ExitCode::from(2);
         }
     }

@@ -118,8 +118,10 @@ pub trait Launcher: Send + Sync + 'static {
     ) -> impl Future<Output = Result<HandOff, LaunchError>> + Send;
 
     /// Until the runner exits.
-    fn wait(&self, sandbox: &Sandbox)
-        -> impl Future<Output = Result<SandboxExit, LaunchError>> + Send;
+    fn wait(
+        &self,
+        sandbox: &Sandbox,
+    ) -> impl Future<Output = Result<SandboxExit, LaunchError>> + Send;
 
     /// Removes the sandbox at once (zero grace: the runner has finished, or
     /// its Work was stopped or reclaimed), keeping a Session's workspace.

@@ -125,12 +125,31 @@ impl Metrics {
             );
         }
         for (name, help, value) in [
-            ("mango_supervisor_polls_total", "Polls answered.", self.polls.load(Relaxed)),
-            ("mango_supervisor_empty_polls_total", "Polls that found no item.", self.empty_polls.load(Relaxed)),
-            ("mango_supervisor_poll_errors_total", "Polls that failed (then backed off).", self.poll_errors.load(Relaxed)),
-            ("mango_supervisor_removal_errors_total", "Sandbox removals the engine did not confirm.", self.removal_errors.load(Relaxed)),
+            (
+                "mango_supervisor_polls_total",
+                "Polls answered.",
+                self.polls.load(Relaxed),
+            ),
+            (
+                "mango_supervisor_empty_polls_total",
+                "Polls that found no item.",
+                self.empty_polls.load(Relaxed),
+            ),
+            (
+                "mango_supervisor_poll_errors_total",
+                "Polls that failed (then backed off).",
+                self.poll_errors.load(Relaxed),
+            ),
+            (
+                "mango_supervisor_removal_errors_total",
+                "Sandbox removals the engine did not confirm.",
+                self.removal_errors.load(Relaxed),
+            ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
         }
         let _ = writeln!(
             out,
@@ -156,8 +175,13 @@ mod tests {
         m.observe(&s);
         m.outcome(Outcome::Finished);
         let text = m.render();
-        assert!(text.contains("mango_supervisor_stage_seconds_bucket{stage=\"acked\",le=\"0.025\"} 1"), "{text}");
-        assert!(text.contains("mango_supervisor_stage_seconds_bucket{stage=\"acked\",le=\"0.01\"} 0"));
+        assert!(
+            text.contains("mango_supervisor_stage_seconds_bucket{stage=\"acked\",le=\"0.025\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mango_supervisor_stage_seconds_bucket{stage=\"acked\",le=\"0.01\"} 0")
+        );
         assert!(text.contains("mango_supervisor_stage_seconds_count{stage=\"acked\"} 1"));
         assert!(text.contains("mango_supervisor_stage_seconds_count{stage=\"gone\"} 0"));
         assert!(text.contains("mango_supervisor_items_total{outcome=\"finished\"} 1"));

@@ -8,7 +8,9 @@
 //! read every `claims_every` for all live items at once.
 
 use crate::core::config::Config;
-use crate::core::launcher::{Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec};
+use crate::core::launcher::{
+    Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+};
 use crate::core::metrics::{Metrics, Outcome};
 use crate::core::naming;
 use crate::core::secret::Secret;
@@ -151,7 +153,10 @@ impl<L: Launcher> Supervisor<L> {
             end = shared.clone().poll_loop(&mut items) => end,
             _ = &mut shutdown => RunEnd::Shutdown,
         };
-        tracing::info!(live = shared.live_count(), "no longer polling; letting running items finish");
+        tracing::info!(
+            live = shared.live_count(),
+            "no longer polling; letting running items finish"
+        );
         shared.drain(&mut items).await;
         watcher.abort();
         end
@@ -175,7 +180,11 @@ impl<L: Launcher> Shared<L> {
             };
             let polled = self
                 .poller
-                .poll(&env, Some(self.config.block_ms), Some(&self.config.worker_id))
+                .poll(
+                    &env,
+                    Some(self.config.block_ms),
+                    Some(&self.config.worker_id),
+                )
                 .await;
             let at = Instant::now();
             match polled {
@@ -207,19 +216,18 @@ impl<L: Launcher> Shared<L> {
     /// Sandboxes an earlier run left: exited ones are removed, running ones
     /// adopted and watched like the items this run starts.
     async fn reconcile(self: &Arc<Self>, items: &mut JoinSet<()>) {
-        let found = match tokio::time::timeout(self.config.request_bound, self.launcher.existing())
-            .await
-        {
-            Ok(Ok(found)) => found,
-            Ok(Err(err)) => {
-                tracing::error!(error = %err, "could not list the sandboxes of an earlier run");
-                return;
-            }
-            Err(_) => {
-                tracing::error!("listing the sandboxes of an earlier run timed out");
-                return;
-            }
-        };
+        let found =
+            match tokio::time::timeout(self.config.request_bound, self.launcher.existing()).await {
+                Ok(Ok(found)) => found,
+                Ok(Err(err)) => {
+                    tracing::error!(error = %err, "could not list the sandboxes of an earlier run");
+                    return;
+                }
+                Err(_) => {
+                    tracing::error!("listing the sandboxes of an earlier run timed out");
+                    return;
+                }
+            };
         for Found { sandbox, running } in found {
             if !running {
                 tracing::info!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, "removing an exited sandbox of an earlier run");
@@ -275,7 +283,12 @@ impl<L: Launcher> Shared<L> {
     }
 
     /// One polled item, from Ack to its sandbox's removal.
-    async fn run_item(self: Arc<Self>, mut work: Work, polled: Instant, permit: OwnedSemaphorePermit) {
+    async fn run_item(
+        self: Arc<Self>,
+        mut work: Work,
+        polled: Instant,
+        permit: OwnedSemaphorePermit,
+    ) {
         let mut stamps = Stamps::default();
         stamps.mark_at(Stage::Polled, polled);
         let secret = work.secret.take().map(Secret::new);
@@ -324,7 +337,8 @@ impl<L: Launcher> Shared<L> {
             labels: naming::labels(item, &self.config.pool),
             env: naming::runner_env(item, &self.config.sandbox_base_url),
         };
-        let created = tokio::time::timeout(self.config.request_bound, self.launcher.create(&spec)).await;
+        let created =
+            tokio::time::timeout(self.config.request_bound, self.launcher.create(&spec)).await;
         let sandbox = match created {
             Ok(Ok(sandbox)) => sandbox,
             Ok(Err(LaunchError::AlreadyExists(name))) => {
@@ -392,7 +406,9 @@ impl<L: Launcher> Shared<L> {
         let attempt_ends = match sandbox.item.work_type {
             WorkType::Healthcheck => {
                 let from = stamps.get(Stage::Created).unwrap_or_else(Instant::now);
-                Some(tokio::time::Instant::from_std(from + self.config.healthcheck_attempt))
+                Some(tokio::time::Instant::from_std(
+                    from + self.config.healthcheck_attempt,
+                ))
             }
             WorkType::Session => None,
         };
@@ -481,7 +497,13 @@ impl<L: Launcher> Shared<L> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let ids: Vec<String> = self.live.lock().expect("live lock").keys().cloned().collect();
+            let ids: Vec<String> = self
+                .live
+                .lock()
+                .expect("live lock")
+                .keys()
+                .cloned()
+                .collect();
             for chunk in ids.chunks(100) {
                 let answer = match self.ops.claims(&env, chunk).await {
                     Ok(answer) => answer,
@@ -527,7 +549,10 @@ impl<L: Launcher> Shared<L> {
                 _ = &mut grace => break,
             }
         }
-        tracing::warn!(live = self.live_count(), "the shutdown grace is over; removing the sandboxes of running items");
+        tracing::warn!(
+            live = self.live_count(),
+            "the shutdown grace is over; removing the sandboxes of running items"
+        );
         self.force.cancel();
         let bound = tokio::time::sleep(self.config.request_bound * 2);
         tokio::pin!(bound);

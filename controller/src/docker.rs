@@ -1,0 +1,402 @@
+//! The Docker launcher (`mango-worker docker`, seed parity): one hardened
+//! container per item, through the Docker Engine API (bollard):
+//! * a non-root user, every capability dropped, `no-new-privileges`, a
+//!   read-only root with a tmpfs `/tmp`, pids, memory and CPU limits, and
+//!   `docker-init` as PID 1 to reap what tools leave behind;
+//! * the identity of spec §7 in the environment, the labels of
+//!   [`crate::core::naming`], and no credential anywhere in its config;
+//! * a named volume per Session at `/workspace`, kept across activations
+//!   (a healthcheck gets a tmpfs there instead);
+//! * the private network `mango-sandboxes`, with `host.docker.internal`
+//!   resolving to the host (`host-gateway`), where the api is reached;
+//! * stdin attached before start, the secret written, stdin closed.
+
+use crate::core::launcher::{
+    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+};
+use crate::core::naming;
+use crate::core::secret::Secret;
+use bollard::errors::Error as DockerError;
+use bollard::models::{
+    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, Mount, MountTypeEnum,
+    NetworkCreateRequest, VolumeCreateOptions,
+};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StartContainerOptions, WaitContainerOptions,
+};
+use bollard::Docker;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::time::Instant;
+use tokio::io::AsyncWriteExt;
+
+const ENGINE: &str = "Docker engine";
+/// The runner's user (the image's `nobody`): never root.
+pub const SANDBOX_USER: &str = "65534:65534";
+const WORKSPACE: &str = "/workspace";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DockerArgs {
+    /// The API URL the sandboxes use (e.g. http://host.docker.internal:8080).
+    #[arg(long, env = "MANGO_DOCKER_BASE_URL")]
+    pub sandbox_base_url: String,
+    /// The sandbox image (built offline by scripts/sandbox-image.sh).
+    #[arg(long, env = "MANGO_DOCKER_IMAGE", default_value = "mango-sandbox:dev")]
+    pub image: String,
+    /// The private network sandboxes join (created when missing).
+    #[arg(long, env = "MANGO_DOCKER_NETWORK", default_value = "mango-sandboxes")]
+    pub network: String,
+    /// Memory limit of each sandbox, MiB.
+    #[arg(long, env = "MANGO_SANDBOX_MEMORY_MIB", default_value_t = 512)]
+    pub memory_mib: i64,
+    /// CPUs of each sandbox.
+    #[arg(long, env = "MANGO_SANDBOX_CPUS", default_value_t = 1.0)]
+    pub cpus: f64,
+    /// Most processes in each sandbox.
+    #[arg(long, env = "MANGO_SANDBOX_PIDS", default_value_t = 256)]
+    pub pids: i64,
+    /// Size of each sandbox's tmpfs `/tmp` (and a healthcheck's `/workspace`), MiB.
+    #[arg(long, env = "MANGO_SANDBOX_TMPFS_MIB", default_value_t = 64)]
+    pub tmpfs_mib: i64,
+}
+
+pub struct DockerLauncher {
+    docker: Docker,
+    args: DockerArgs,
+    pool: String,
+}
+
+/// A Docker error as a launch error: an engine that did not answer is
+/// unavailable; an answer is the engine's refusal.
+fn launch_error(err: DockerError) -> LaunchError {
+    match err {
+        DockerError::DockerResponseServerError {
+            status_code,
+            message,
+        } => LaunchError::Failed(format!(
+            "the Docker engine answered {status_code}: {message}"
+        )),
+        other => LaunchError::Unavailable {
+            engine: ENGINE,
+            message: other.to_string(),
+        },
+    }
+}
+
+fn status_of(err: &DockerError) -> Option<u16> {
+    match err {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// The named volume of a Session's workspace.
+pub fn session_volume(session_id: &str) -> String {
+    let id: String = session_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("mango-session-{id}")
+}
+
+impl DockerLauncher {
+    /// Connects (`DOCKER_HOST` or the local socket), agrees an API version,
+    /// checks the image exists and makes the network if it is missing.
+    pub async fn connect(args: &DockerArgs, pool: &str) -> Result<DockerLauncher, LaunchError> {
+        let docker = Docker::connect_with_local_defaults().map_err(launch_error)?;
+        let docker = docker.negotiate_version().await.map_err(launch_error)?;
+        docker.ping().await.map_err(launch_error)?;
+        match docker.inspect_image(&args.image).await {
+            Ok(_) => {}
+            Err(err) if status_of(&err) == Some(404) => {
+                return Err(LaunchError::Missing(format!(
+                    "the sandbox image {} does not exist: build it with scripts/sandbox-image.sh",
+                    args.image
+                )))
+            }
+            Err(err) => return Err(launch_error(err)),
+        }
+        let launcher = DockerLauncher {
+            docker,
+            args: args.clone(),
+            pool: pool.to_string(),
+        };
+        launcher.ensure_network().await?;
+        Ok(launcher)
+    }
+
+    async fn ensure_network(&self) -> Result<(), LaunchError> {
+        match self
+            .docker
+            .inspect_network(
+                &self.args.network,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => return Err(launch_error(err)),
+        }
+        let created = self
+            .docker
+            .create_network(NetworkCreateRequest {
+                name: self.args.network.clone(),
+                driver: Some("bridge".into()),
+                labels: Some(HashMap::from([(
+                    naming::LABEL_MANAGED_BY.to_string(),
+                    naming::MANAGED_BY.to_string(),
+                )])),
+                ..Default::default()
+            })
+            .await;
+        match created {
+            // 409: another supervisor made it meanwhile.
+            Ok(_) => Ok(()),
+            Err(err) if status_of(&err) == Some(409) => Ok(()),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    /// The workspace mount: the Session's named volume, made if missing (an
+    /// existing one is kept as it is).
+    async fn session_mount(&self, session_id: &str) -> Result<Mount, LaunchError> {
+        let name = session_volume(session_id);
+        self.docker
+            .create_volume(VolumeCreateOptions {
+                name: Some(name.clone()),
+                labels: Some(HashMap::from([
+                    (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
+                    (
+                        naming::LABEL_MANAGED_BY.to_string(),
+                        naming::MANAGED_BY.to_string(),
+                    ),
+                ])),
+                ..Default::default()
+            })
+            .await
+            .map_err(|err| match err {
+                DockerError::DockerResponseServerError { message, .. } => {
+                    LaunchError::Workspace(format!("volume {name}: {message}"))
+                }
+                other => launch_error(other),
+            })?;
+        Ok(Mount {
+            target: Some(WORKSPACE.into()),
+            source: Some(name),
+            typ: Some(MountTypeEnum::VOLUME),
+            ..Default::default()
+        })
+    }
+
+    /// The container a spec becomes.
+    pub fn container(&self, spec: &SandboxSpec, workspace: Option<Mount>) -> ContainerCreateBody {
+        let tmpfs_mib = self.args.tmpfs_mib;
+        let mut tmpfs = HashMap::from([(
+            "/tmp".to_string(),
+            format!("rw,nosuid,nodev,size={tmpfs_mib}m,mode=1777"),
+        )]);
+        if workspace.is_none() {
+            // A healthcheck's ephemeral workspace, writable by the runner only.
+            tmpfs.insert(
+                WORKSPACE.to_string(),
+                format!("rw,nosuid,nodev,size={tmpfs_mib}m,uid=65534,gid=65534,mode=0700"),
+            );
+        }
+        let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.push(format!("MANGO_WORKSPACE={WORKSPACE}"));
+        ContainerCreateBody {
+            image: Some(self.args.image.clone()),
+            user: Some(SANDBOX_USER.into()),
+            working_dir: Some(WORKSPACE.into()),
+            env: Some(env),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(false),
+            attach_stderr: Some(false),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            host_config: Some(HostConfig {
+                cap_drop: Some(vec!["ALL".into()]),
+                security_opt: Some(vec!["no-new-privileges".into()]),
+                readonly_rootfs: Some(true),
+                tmpfs: Some(tmpfs),
+                mounts: workspace.map(|m| vec![m]),
+                pids_limit: Some(self.args.pids),
+                memory: Some(self.args.memory_mib * 1024 * 1024),
+                memory_swap: Some(self.args.memory_mib * 1024 * 1024),
+                nano_cpus: Some((self.args.cpus * 1e9) as i64),
+                network_mode: Some(self.args.network.clone()),
+                extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
+                init: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+impl Launcher for DockerLauncher {
+    fn kind(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn existing(&self) -> Result<Vec<Found>, LaunchError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{}={}", naming::LABEL_POOL, self.pool),
+                format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+            ],
+        )]);
+        let containers = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(launch_error)?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default().into_iter().collect();
+                let item = naming::item_of(&labels)?;
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .map(|n| n.trim_start_matches('/').to_string())?;
+                Some(Found {
+                    running: c.state == Some(ContainerSummaryStateEnum::RUNNING),
+                    sandbox: Sandbox {
+                        handle: c.id.unwrap_or_else(|| name.clone()),
+                        name,
+                        item,
+                    },
+                })
+            })
+            .collect())
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        let workspace = match &spec.item.session_id {
+            Some(session) => Some(self.session_mount(session).await?),
+            None => None,
+        };
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(spec.name.clone()),
+                    ..Default::default()
+                }),
+                self.container(spec, workspace),
+            )
+            .await;
+        match created {
+            Ok(c) => Ok(Sandbox {
+                name: spec.name.clone(),
+                handle: c.id,
+                item: spec.item.clone(),
+            }),
+            Err(err) if status_of(&err) == Some(409) => {
+                Err(LaunchError::AlreadyExists(spec.name.clone()))
+            }
+            Err(err) if status_of(&err) == Some(404) => Err(LaunchError::Missing(format!(
+                "the sandbox image {} does not exist: build it with scripts/sandbox-image.sh",
+                self.args.image
+            ))),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    async fn hand_off(&self, sandbox: &Sandbox, secret: Secret) -> Result<HandOff, LaunchError> {
+        // Attached before start, so the runner's first read gets the secret.
+        let attached = self
+            .docker
+            .attach_container(
+                &sandbox.handle,
+                Some(AttachContainerOptions {
+                    stdin: true,
+                    stream: true,
+                    stdout: false,
+                    stderr: false,
+                    logs: false,
+                    detach_keys: None,
+                }),
+            )
+            .await
+            .map_err(launch_error)?;
+        let mut input = attached.input;
+        self.docker
+            .start_container(&sandbox.handle, None::<StartContainerOptions>)
+            .await
+            .map_err(launch_error)?;
+        let started = Instant::now();
+        let written = async {
+            input.write_all(secret.expose().as_bytes()).await?;
+            input.write_all(b"\n").await?;
+            input.flush().await?;
+            // Closing our side closes the container's stdin (stdin_once).
+            input.shutdown().await
+        }
+        .await;
+        drop(secret);
+        drop(input);
+        drop(attached.output);
+        written
+            .map_err(|e| LaunchError::Failed(format!("writing the secret to the sandbox: {e}")))?;
+        Ok(HandOff {
+            started,
+            delivered: Instant::now(),
+        })
+    }
+
+    async fn wait(&self, sandbox: &Sandbox) -> Result<SandboxExit, LaunchError> {
+        let mut waits = self.docker.wait_container(
+            &sandbox.handle,
+            Some(WaitContainerOptions {
+                condition: "not-running".into(),
+            }),
+        );
+        match waits.next().await {
+            Some(Ok(answer)) => Ok(SandboxExit::Exited(answer.status_code)),
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => {
+                Ok(SandboxExit::Exited(code))
+            }
+            Some(Err(err)) if status_of(&err) == Some(404) => Ok(SandboxExit::Gone),
+            Some(Err(err)) => Err(launch_error(err)),
+            None => Ok(SandboxExit::Gone),
+        }
+    }
+
+    async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {
+        let removed = self
+            .docker
+            .remove_container(
+                &sandbox.handle,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: false,
+                    link: false,
+                }),
+            )
+            .await;
+        match removed {
+            Ok(()) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            // 409: a removal already in progress; it will finish.
+            Err(err) if status_of(&err) == Some(409) => Ok(()),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+}
