@@ -29,8 +29,24 @@ const ENGINE: &str = "local system";
 /// How often an adopted runner (not this process's child) is checked.
 const ADOPTED_POLL: Duration = Duration::from_millis(200);
 
+/// How to start a runner: `mango-runner`, or `mango-worker item` (the same code).
+#[derive(Debug, Clone)]
+pub struct RunnerCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl RunnerCommand {
+    pub fn new(program: PathBuf) -> RunnerCommand {
+        RunnerCommand {
+            program,
+            args: Vec::new(),
+        }
+    }
+}
+
 pub struct LocalLauncher {
-    runner: PathBuf,
+    runner: RunnerCommand,
     root: PathBuf,
     pool: String,
     /// Exit statuses of the runners this process started, by sandbox name.
@@ -50,13 +66,17 @@ struct Record {
 }
 
 impl LocalLauncher {
-    /// `runner`: the `mango-runner` binary; `root`: where workspaces and
+    /// `runner`: how to start a runner; `root`: where workspaces and
     /// records live.
-    pub fn new(runner: PathBuf, root: PathBuf, pool: &str) -> Result<LocalLauncher, LaunchError> {
-        if !runner.is_file() {
+    pub fn new(
+        runner: RunnerCommand,
+        root: PathBuf,
+        pool: &str,
+    ) -> Result<LocalLauncher, LaunchError> {
+        if !runner.program.is_file() {
             return Err(LaunchError::Missing(format!(
                 "the runner binary {} does not exist (build it with `cargo build -p mango-runner`, or set MANGO_RUNNER_BIN)",
-                runner.display()
+                runner.program.display()
             )));
         }
         for dir in ["sandboxes", "sessions", "checks", "logs"] {
@@ -118,7 +138,7 @@ impl LocalLauncher {
             return false;
         }
         std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|cmd| cmd.starts_with(self.runner.as_os_str().as_encoded_bytes()))
+            .map(|cmd| cmd.starts_with(self.runner.program.as_os_str().as_encoded_bytes()))
             .unwrap_or(false)
     }
 }
@@ -193,8 +213,9 @@ impl Launcher for LocalLauncher {
         let log_path = self.root.join("logs").join(format!("{}.log", sandbox.name));
         let log = std::fs::File::create(&log_path)
             .map_err(|e| LaunchError::Failed(format!("{}: {e}", log_path.display())))?;
-        let mut command = tokio::process::Command::new(&self.runner);
+        let mut command = tokio::process::Command::new(&self.runner.program);
         command
+            .args(&self.runner.args)
             .env_clear()
             .envs(allowed_env())
             .env("HOME", &record.workspace)
@@ -210,9 +231,9 @@ impl Launcher for LocalLauncher {
             // Its own process group, so removal reaches everything it started there.
             .process_group(0)
             .kill_on_drop(false);
-        let mut child = command
-            .spawn()
-            .map_err(|e| LaunchError::Failed(format!("starting {}: {e}", self.runner.display())))?;
+        let mut child = command.spawn().map_err(|e| {
+            LaunchError::Failed(format!("starting {}: {e}", self.runner.program.display()))
+        })?;
         let started = Instant::now();
         let pid = child.id().map(|p| p as i32);
         record.pid = pid;

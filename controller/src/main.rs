@@ -9,7 +9,7 @@ use mango_controller::core::launcher::Launcher;
 use mango_controller::core::metrics::Metrics;
 use mango_controller::core::secret::Secret;
 use mango_controller::core::supervisor::{RunEnd, Supervisor};
-use mango_controller::local::LocalLauncher;
+use mango_controller::local::{LocalLauncher, RunnerCommand};
 use mango_runner::item::{self, Identity};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
             let base = sandbox_base_url.unwrap_or_else(|| common.base_url.clone());
             let config = common.config(&base);
             block_on(async move {
-                let launcher = LocalLauncher::new(runner, root, &config.pool)?;
+                let launcher = LocalLauncher::new(RunnerCommand::new(runner), root, &config.pool)?;
                 Ok(supervise(common, config, launcher).await)
             })
         }
