@@ -34,6 +34,7 @@ enum Command {
     Serve {
         #[command(flatten)]
         db: Database,
+        /// Where to listen; several addresses separated by commas.
         #[arg(long, env = "MANGO_LISTEN_ADDR", default_value = "127.0.0.1:8080")]
         listen_addr: String,
         #[arg(long)]
@@ -202,10 +203,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if !no_migrate {
                 MIGRATOR.run(&pool).await.context("migration failed")?;
             }
-            let listener = tokio::net::TcpListener::bind(&listen_addr)
-                .await
-                .with_context(|| format!("could not listen on {listen_addr}"))?;
-            tracing::info!(addr = %listener.local_addr()?, "mango api listening");
+            let mut listeners = Vec::new();
+            for addr in listen_addr.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("could not listen on {addr}"))?;
+                tracing::info!(addr = %listener.local_addr()?, "mango api listening");
+                listeners.push(listener);
+            }
             let settings = Settings {
                 default_ttl_seconds,
                 max_reclaims,
@@ -213,7 +218,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 model_api_key: model_api_key.map(mango_api::context::Secret),
                 ..Settings::default()
             };
-            server::serve(ApiContext::new(pool, settings), listener, shutdown_signal()).await
+            server::serve_all(ApiContext::new(pool, settings), listeners, shutdown_signal()).await
         }
         Command::Migrate { db } => {
             init_logging("warn");

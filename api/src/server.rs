@@ -13,23 +13,53 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_all(ctx, vec![listener], shutdown).await
+}
+
+/// [`serve`] on several listeners (e.g. loopback for operators and the
+/// Docker bridge's address for sandboxes), one process and one router.
+pub async fn serve_all(
+    ctx: ApiContext,
+    listeners: Vec<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let background = start_background(&ctx);
     let app = routes::router(ctx);
-    // Event streams write each frame as it commits; with Nagle's algorithm a
-    // frame that follows an unacknowledged one would wait for the reader's
-    // delayed ACK (up to 40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+    let (stop, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut servers = tokio::task::JoinSet::new();
+    for listener in listeners {
+        // Event streams write each frame as it commits; with Nagle's algorithm a
+        // frame that follows an unacknowledged one would wait for the reader's
+        // delayed ACK (up to 40 ms).
+        let listener = listener.tap_io(|tcp| {
+            if let Err(err) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %err, "cannot set TCP_NODELAY on a connection");
+            }
+        });
+        let mut stopped = stop.subscribe();
+        let app = app.clone();
+        servers.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.recv().await;
+                })
+                .await
+        });
+    }
+    shutdown.await;
+    let _ = stop.send(());
+    let mut result = Ok(());
+    while let Some(done) = servers.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => result = Err(err.into()),
+            Err(err) => result = Err(err.into()),
         }
-    });
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    }
     for task in background {
         task.abort();
     }
-    Ok(result?)
+    result
 }
 
 /// The LISTEN fan-out, the sweeper and (with a model endpoint) the agent
