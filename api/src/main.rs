@@ -204,7 +204,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 MIGRATOR.run(&pool).await.context("migration failed")?;
             }
             let mut listeners = Vec::new();
-            for addr in listen_addr.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            for addr in listen_addr
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+            {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("could not listen on {addr}"))?;
@@ -218,7 +222,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 model_api_key: model_api_key.map(mango_api::context::Secret),
                 ..Settings::default()
             };
-            server::serve_all(ApiContext::new(pool, settings), listeners, shutdown_signal()).await
+            server::serve_all(
+                ApiContext::new(pool, settings),
+                listeners,
+                shutdown_signal(),
+            )
+            .await
         }
         Command::Migrate { db } => {
             init_logging("warn");

@@ -38,6 +38,10 @@ const WORKSPACE: &str = "/workspace";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DockerArgs {
+    /// The Docker engine (`unix:///var/run/docker.sock`, `tcp://host:2375`);
+    /// the local socket when unset.
+    #[arg(long, env = "DOCKER_HOST")]
+    pub docker_host: Option<String>,
     /// The API URL the sandboxes use (e.g. http://host.docker.internal:8080).
     #[arg(long, env = "MANGO_DOCKER_BASE_URL")]
     pub sandbox_base_url: String,
@@ -56,6 +60,9 @@ pub struct DockerArgs {
     /// Most processes in each sandbox.
     #[arg(long, env = "MANGO_SANDBOX_PIDS", default_value_t = 256)]
     pub pids: i64,
+    /// The driver of Session workspace volumes.
+    #[arg(long, env = "MANGO_DOCKER_VOLUME_DRIVER", default_value = "local")]
+    pub volume_driver: String,
     /// Size of each sandbox's tmpfs `/tmp` (and a healthcheck's `/workspace`), MiB.
     #[arg(long, env = "MANGO_SANDBOX_TMPFS_MIB", default_value_t = 64)]
     pub tmpfs_mib: i64,
@@ -91,6 +98,21 @@ fn status_of(err: &DockerError) -> Option<u16> {
     }
 }
 
+/// A client of the engine at `host` (the local socket when `None`).
+fn engine(host: Option<&str>) -> Result<Docker, DockerError> {
+    const TIMEOUT_SECONDS: u64 = 120;
+    match host {
+        None => Docker::connect_with_local_defaults(),
+        Some(h) if h.starts_with("unix://") || h.starts_with('/') => {
+            Docker::connect_with_unix(h, TIMEOUT_SECONDS, bollard::API_DEFAULT_VERSION)
+        }
+        Some(h) if h.starts_with("tcp://") || h.starts_with("http://") => {
+            Docker::connect_with_http(h, TIMEOUT_SECONDS, bollard::API_DEFAULT_VERSION)
+        }
+        Some(h) => Err(DockerError::UnsupportedURISchemeError { uri: h.to_string() }),
+    }
+}
+
 /// The named volume of a Session's workspace.
 pub fn session_volume(session_id: &str) -> String {
     let id: String = session_id
@@ -110,9 +132,19 @@ impl DockerLauncher {
     /// Connects (`DOCKER_HOST` or the local socket), agrees an API version,
     /// checks the image exists and makes the network if it is missing.
     pub async fn connect(args: &DockerArgs, pool: &str) -> Result<DockerLauncher, LaunchError> {
-        let docker = Docker::connect_with_local_defaults().map_err(launch_error)?;
-        let docker = docker.negotiate_version().await.map_err(launch_error)?;
-        docker.ping().await.map_err(launch_error)?;
+        let at = args
+            .docker_host
+            .clone()
+            .unwrap_or_else(|| "the local socket (DOCKER_HOST unset)".into());
+        let unreachable = |err: DockerError| match launch_error(err) {
+            LaunchError::Unavailable { engine, message } => LaunchError::Unavailable {
+                engine,
+                message: format!("{at}: {message}"),
+            },
+            other => other,
+        };
+        let docker = engine(args.docker_host.as_deref()).map_err(unreachable)?;
+        let docker = docker.negotiate_version().await.map_err(unreachable)?;
         match docker.inspect_image(&args.image).await {
             Ok(_) => {}
             Err(err) if status_of(&err) == Some(404) => {
@@ -172,6 +204,7 @@ impl DockerLauncher {
         self.docker
             .create_volume(VolumeCreateOptions {
                 name: Some(name.clone()),
+                driver: Some(self.args.volume_driver.clone()),
                 labels: Some(HashMap::from([
                     (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
                     (

@@ -38,7 +38,7 @@ enum Command {
     Local {
         #[command(flatten)]
         common: Common,
-        /// The `mango-runner` binary (default: next to this one).
+        /// The `mango-runner` binary (default: this one, as `mango-worker item`).
         #[arg(long, env = "MANGO_RUNNER_BIN")]
         runner_bin: Option<PathBuf>,
         /// Where Session workspaces, healthcheck workspaces and sandbox
@@ -104,11 +104,14 @@ fn main() -> ExitCode {
                  machine's files and network. This is NOT a security boundary: use it for \
                  development only, and `mango-worker docker` (or Kubernetes) for anything else."
             );
-            let runner = runner_bin.unwrap_or_else(next_to_me);
+            let runner = match runner_bin {
+                Some(bin) => RunnerCommand::new(bin),
+                None => myself_as_runner(),
+            };
             let base = sandbox_base_url.unwrap_or_else(|| common.base_url.clone());
             let config = common.config(&base);
             block_on(async move {
-                let launcher = LocalLauncher::new(RunnerCommand::new(runner), root, &config.pool)?;
+                let launcher = LocalLauncher::new(runner, root, &config.pool)?;
                 Ok(supervise(common, config, launcher).await)
             })
         }
@@ -135,11 +138,12 @@ fn init_logging() {
         .init();
 }
 
-/// `mango-runner` beside this executable.
-fn next_to_me() -> PathBuf {
-    std::env::current_exe()
-        .map(|me| me.with_file_name("mango-runner"))
-        .unwrap_or_else(|_| PathBuf::from("mango-runner"))
+/// `mango-worker item`: the runner is built into this binary.
+fn myself_as_runner() -> RunnerCommand {
+    RunnerCommand {
+        program: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("mango-worker")),
+        args: vec!["item".into()],
+    }
 }
 
 fn block_on(
@@ -173,6 +177,9 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
     let metrics = supervisor.metrics();
     match tokio::net::TcpListener::bind(common.metrics_addr).await {
         Ok(listener) => {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving /metrics and /healthz");
+            }
             tokio::spawn(serve_metrics(listener, metrics));
         }
         Err(err) => {

@@ -171,6 +171,11 @@ pub struct ClaimState {
     pub claim: i64,
     #[serde(with = "serde_ts::option")]
     pub stop_requested_at: Option<Timestamp>,
+    /// The claim no longer holds the item: its lease ran out (or, before
+    /// Ack, the pending claim lapsed), so any Poll may take it now. The
+    /// runner of this claim has lost its lease and its sandbox should go.
+    #[serde(default)]
+    pub lease_lost: bool,
 }
 
 /// The decoded Work secret: URL-safe base64 (no padding) of this JSON.

@@ -15,6 +15,8 @@ use tokio::task::JoinHandle;
 pub struct TestApp {
     /// `http://127.0.0.1:<port>`
     pub base: String,
+    /// Further addresses it listens on ([`TestApp::start_also_on`]).
+    pub also: Vec<std::net::SocketAddr>,
     /// The client [`TestApp::call`] sends with.
     pub http: reqwest::Client,
     /// The caller's pool on the api's database: a test's direct SQL writes
@@ -52,12 +54,34 @@ impl TestApp {
     /// LISTEN connection is up, so wake-ups and other processes' events
     /// reach the api from then on.
     pub async fn serve(db: PgPool, ctx: ApiContext) -> TestApp {
+        Self::serve_on(db, ctx, &[]).await
+    }
+
+    /// [`TestApp::start_with`], listening on a port of each of `ips` too
+    /// (e.g. the Docker bridge's gateway, where sandboxes reach the host).
+    pub async fn start_also_on(
+        db: PgPool,
+        settings: Settings,
+        ips: &[std::net::IpAddr],
+    ) -> TestApp {
+        let pool = mango_api::db::api_pool(&db, 16).await.unwrap();
+        Self::serve_on(db, ApiContext::new(pool, settings), ips).await
+    }
+
+    async fn serve_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let mut listeners = vec![listener];
+        let mut also = Vec::new();
+        for ip in ips {
+            let extra = tokio::net::TcpListener::bind((*ip, 0)).await.unwrap();
+            also.push(extra.local_addr().unwrap());
+            listeners.push(extra);
+        }
         let (tx, rx) = oneshot::channel::<()>();
         let serve_ctx = ctx.clone();
         let server = tokio::spawn(async move {
-            server::serve(serve_ctx, listener, async {
+            server::serve_all(serve_ctx, listeners, async {
                 let _ = rx.await;
             })
             .await
@@ -72,6 +96,7 @@ impl TestApp {
             .unwrap();
         let mut app = TestApp {
             base,
+            also,
             http,
             db,
             ctx,

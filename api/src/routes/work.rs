@@ -237,6 +237,7 @@ async fn claims(
                 state: lease.state,
                 claim: row.claim_epoch,
                 stop_requested_at: lease.stop_requested_at,
+                lease_lost: lease.is_available(now, ctx.settings.default_reclaim),
             }
         })
         .collect();

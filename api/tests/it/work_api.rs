@@ -1564,7 +1564,7 @@ async fn claims_show_a_key_its_own_items_only(db: sqlx::PgPool) {
     assert_eq!(r.body["type"], "work_claims");
     assert_eq!(
         r.body["data"],
-        json!([{"id": mine, "state": "starting", "claim": 1, "stop_requested_at": null}])
+        json!([{"id": mine, "state": "starting", "claim": 1, "stop_requested_at": null, "lease_lost": false}])
     );
     // A stop shows at once, reconciled.
     app.stop_work(&mine, true).await;
@@ -1606,5 +1606,58 @@ async fn claims_show_a_key_its_own_items_only(db: sqlx::PgPool) {
         400,
         "invalid_request_error",
         Some("invalid_parameter"),
+    );
+}
+
+/// A claim whose lease ran out (or whose pending claim lapsed before Ack)
+/// is reported lost while the row still reads `starting`/`queued`: nobody
+/// has reclaimed it yet, but any Poll may, so its sandbox should go.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn claims_report_a_lease_that_ran_out(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let acked = app.create_check().await;
+    app.poll().await.expect("acked");
+    app.ack(&acked).await.expect(200);
+    let pending = app.create_check().await;
+    app.poll().await.expect("pending");
+    let lost = |r: &Reply, id: &str| -> bool {
+        r.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {}", r.body))["lease_lost"]
+            .as_bool()
+            .unwrap()
+    };
+    let r = claims(&app, &app.env_key, &[&acked, &pending]).await;
+    assert!(!lost(&r, &acked) && !lost(&r, &pending), "{}", r.body);
+
+    sqlx::query("UPDATE work SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(&acked)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE work SET claimed_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(&pending)
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let r = claims(&app, &app.env_key, &[&acked, &pending]).await;
+    assert!(lost(&r, &acked), "an expired lease is lost: {}", r.body);
+    assert!(
+        lost(&r, &pending),
+        "a lapsed pending claim is lost: {}",
+        r.body
+    );
+    let states: Vec<&str> = r.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["state"].as_str().unwrap())
+        .collect();
+    assert!(
+        !states.contains(&"stopped"),
+        "nothing is stopped: {states:?}"
     );
 }

@@ -16,7 +16,7 @@ use crate::core::naming;
 use crate::core::secret::Secret;
 use crate::core::stages::{Stage, Stamps};
 use mango_client::{Client, ClientError, RetryPolicy};
-use mango_protocol::{Work, WorkData, WorkState, WorkType};
+use mango_protocol::{ClaimState, Work, WorkData, WorkState, WorkType};
 use rand::Rng;
 use std::collections::HashMap;
 use std::future::Future;
@@ -80,6 +80,8 @@ struct Shared<L> {
     slots: Arc<Semaphore>,
     /// Set on shutdown once the grace is over: every sandbox goes now.
     force: CancellationToken,
+    /// Set when the shutdown's bound is over too: removals stop retrying.
+    abandon: CancellationToken,
 }
 
 pub struct Supervisor<L: Launcher> {
@@ -101,6 +103,7 @@ impl<L: Launcher> Supervisor<L> {
                 live: Mutex::default(),
                 slots,
                 force: CancellationToken::new(),
+                abandon: CancellationToken::new(),
             }),
         }
     }
@@ -413,17 +416,30 @@ impl<L: Launcher> Shared<L> {
             WorkType::Session => None,
         };
         let mut stopping_ends: Option<tokio::time::Instant> = None;
-        let exited = self.launcher.wait(sandbox);
+        // While the engine is unavailable the sandbox may well be running:
+        // it is watched again once the engine answers, never forgotten.
+        let wait_after = |pause: Duration| async move {
+            tokio::time::sleep(pause).await;
+            self.launcher.wait(sandbox).await
+        };
+        let mut backoff = Backoff::new(&self.config);
+        let exited = wait_after(Duration::ZERO);
         tokio::pin!(exited);
         let outcome = loop {
             tokio::select! {
-                exited = &mut exited => {
-                    match exited {
+                ended = &mut exited => {
+                    match ended {
                         Ok(SandboxExit::Exited(code)) => {
                             let why = mango_runner::exit::Exit::from_code(code as i32);
                             tracing::info!(%work_id, sandbox = %sandbox.name, code, exit = ?why, "the runner exited");
                         }
                         Ok(SandboxExit::Gone) => tracing::warn!(%work_id, sandbox = %sandbox.name, "the sandbox disappeared"),
+                        Err(err @ LaunchError::Unavailable { .. }) => {
+                            let pause = backoff.next();
+                            tracing::error!(%work_id, sandbox = %sandbox.name, error = %err, ?pause, "cannot watch the sandbox while its engine is unavailable; retrying");
+                            exited.set(wait_after(pause));
+                            continue;
+                        }
                         Err(err) => tracing::error!(%work_id, sandbox = %sandbox.name, error = %err, "could not watch the sandbox; removing it"),
                     }
                     stamps.mark(Stage::Exited);
@@ -463,18 +479,29 @@ impl<L: Launcher> Shared<L> {
         outcome
     }
 
-    /// Removes a sandbox within the request bound; a removal the engine
-    /// does not confirm is reported, never hidden.
+    /// Removes a sandbox, each request within the request bound, retrying
+    /// (backing off) until the engine confirms it: a removal the engine does
+    /// not confirm is reported, never hidden, and the item keeps its slot
+    /// meanwhile. Only the end of the shutdown's bound gives up.
     async fn remove(&self, sandbox: &Sandbox) {
-        match tokio::time::timeout(self.config.request_bound, self.launcher.remove(sandbox)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                self.metrics.removal_errors.fetch_add(1, Relaxed);
-                tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, error = %err, "could not confirm the removal of the sandbox");
-            }
-            Err(_) => {
-                self.metrics.removal_errors.fetch_add(1, Relaxed);
-                tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, "removing the sandbox timed out: its removal is not confirmed");
+        let mut backoff = Backoff::new(&self.config);
+        loop {
+            let attempt =
+                tokio::time::timeout(self.config.request_bound, self.launcher.remove(sandbox));
+            let error = match attempt.await {
+                Ok(Ok(())) => return,
+                Ok(Err(err)) => err.to_string(),
+                Err(_) => format!("no answer within {:?}", self.config.request_bound),
+            };
+            self.metrics.removal_errors.fetch_add(1, Relaxed);
+            let pause = backoff.next();
+            tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, %error, ?pause, "could not confirm the removal of the sandbox; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.abandon.cancelled() => {
+                    tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, "shutting down with the removal of this sandbox unconfirmed: remove it by hand");
+                    return;
+                }
             }
         }
     }
@@ -512,22 +539,12 @@ impl<L: Launcher> Shared<L> {
                         continue;
                     }
                 };
-                let states: HashMap<&str, (WorkState, i64)> = answer
-                    .data
-                    .iter()
-                    .map(|c| (c.id.as_str(), (c.state, c.claim)))
-                    .collect();
+                let states: HashMap<&str, &ClaimState> =
+                    answer.data.iter().map(|c| (c.id.as_str(), c)).collect();
                 let live = self.live.lock().expect("live lock");
                 for id in chunk {
                     let Some(entry) = live.get(id) else { continue };
-                    let verdict = match states.get(id.as_str()) {
-                        Some((_, claim)) if *claim != entry.claim => Verdict::Over,
-                        Some((WorkState::Stopped, _)) => Verdict::Over,
-                        Some((WorkState::Stopping, _)) => Verdict::Stopping,
-                        Some(_) => Verdict::Live,
-                        // Another key's claim now (or no claim): not ours.
-                        None => Verdict::Over,
-                    };
+                    let verdict = verdict_of(states.get(id.as_str()).copied(), entry.claim);
                     entry.verdict.send_if_modified(|v| {
                         let changed = *v != verdict;
                         *v = verdict;
@@ -561,10 +578,30 @@ impl<L: Launcher> Shared<L> {
                 next = items.join_next() => if next.is_none() { return },
                 _ = &mut bound => {
                     tracing::error!(live = self.live_count(), "sandboxes whose removal is not confirmed remain");
+                    self.abandon.cancel();
+                    // Each removal reports its sandbox by name as it gives up.
+                    while items.join_next().await.is_some() {}
                     return;
                 }
             }
         }
+    }
+}
+
+/// What a claim's state says of the live item of claim `ours`.
+fn verdict_of(claim: Option<&ClaimState>, ours: i64) -> Verdict {
+    match claim {
+        // Another key's claim now (or no claim): not ours.
+        None => Verdict::Over,
+        Some(c) if c.claim != ours => Verdict::Over,
+        // Its runner lost the lease (a runner that never heartbeats, say):
+        // any Poll may take the item, so this activation is over.
+        Some(c) if c.lease_lost => Verdict::Over,
+        Some(c) => match c.state {
+            WorkState::Stopped => Verdict::Over,
+            WorkState::Stopping => Verdict::Stopping,
+            WorkState::Queued | WorkState::Starting | WorkState::Active => Verdict::Live,
+        },
     }
 }
 
@@ -607,6 +644,35 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn claim(state: WorkState, claim: i64, lease_lost: bool) -> ClaimState {
+        ClaimState {
+            id: "work_1".into(),
+            state,
+            claim,
+            stop_requested_at: None,
+            lease_lost,
+        }
+    }
+
+    #[test]
+    fn a_claim_is_live_only_while_it_is_ours_and_holds_its_lease() {
+        use WorkState::*;
+        assert_eq!(verdict_of(None, 1), Verdict::Over);
+        for state in [Queued, Starting, Active] {
+            assert_eq!(verdict_of(Some(&claim(state, 1, false)), 1), Verdict::Live);
+            assert_eq!(verdict_of(Some(&claim(state, 1, true)), 1), Verdict::Over);
+            assert_eq!(verdict_of(Some(&claim(state, 2, false)), 1), Verdict::Over);
+        }
+        assert_eq!(
+            verdict_of(Some(&claim(Stopping, 1, false)), 1),
+            Verdict::Stopping
+        );
+        assert_eq!(
+            verdict_of(Some(&claim(Stopped, 1, false)), 1),
+            Verdict::Over
+        );
+    }
 
     #[test]
     fn backoff_doubles_with_jitter_and_caps_and_resets() {

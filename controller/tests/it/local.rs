@@ -1,14 +1,15 @@
 //! `mango-worker local` end to end: the supervisor core with the local
 //! launcher, against a real api on PostgreSQL and the real runner.
 
-use crate::support::{config, healthcheck, runner_command, until_stopped, Running};
-use mango_client::Client;
+use crate::support::{
+    config, end_activation, healthcheck, runner_command, turn, two_bash_turns, Running,
+};
 use mango_controller::core::supervisor::RunEnd;
 use mango_controller::local::LocalLauncher;
 use mango_protocol::CheckStatus;
-use mango_testkit::{json_events, model_reply, ScriptedModel, TestApp};
-use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use mango_testkit::{ScriptedModel, TestApp};
+use serde_json::json;
+use std::time::Duration;
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_healthcheck_succeeds_and_leaves_nothing_behind(db: sqlx::PgPool) {
@@ -36,32 +37,10 @@ async fn a_healthcheck_succeeds_and_leaves_nothing_behind(db: sqlx::PgPool) {
 /// its second activation sees the files of its first.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_session_runs_and_its_next_activation_sees_its_files(db: sqlx::PgPool) {
-    let model = ScriptedModel::start(vec![
-        (
-            200,
-            model_reply(
-                json!([{"type": "tool_use", "id": "t1", "name": "bash",
-                        "input": {"command": "echo first > kept.txt && echo WROTE"}}]),
-                "tool_use",
-            ),
-        ),
-        (
-            200,
-            model_reply(json!([{"type": "text", "text": "done"}]), "end_turn"),
-        ),
-        (
-            200,
-            model_reply(
-                json!([{"type": "tool_use", "id": "t2", "name": "bash",
-                        "input": {"command": "cat kept.txt"}}]),
-                "tool_use",
-            ),
-        ),
-        (
-            200,
-            model_reply(json!([{"type": "text", "text": "again"}]), "end_turn"),
-        ),
-    ])
+    let model = ScriptedModel::start(two_bash_turns(
+        "echo first > kept.txt && echo WROTE",
+        "cat kept.txt",
+    ))
     .await;
     let api = TestApp::start_with(
         db,
@@ -77,41 +56,19 @@ async fn a_session_runs_and_its_next_activation_sees_its_files(db: sqlx::PgPool)
     let session =
         mango_testkit::turns::session_with_tools(&api, json!([{"type": "agent_toolset_20260401"}]))
             .await;
-    let operator = Client::new(&api.base, &api.ws_key);
-    for (say, want) in [("write it", "WROTE"), ("read it", "first")] {
-        mango_testkit::turns::say(&api, &session, say).await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let events = json_events(operator.all_events(&session).await.unwrap());
-            let results: Vec<&Value> = events
-                .iter()
-                .filter(|e| e["type"] == "user.tool_result")
-                .collect();
-            let idle = events.last().is_some_and(|e| {
-                e["type"] == "session.status_idle" && e["stop_reason"]["type"] == "end_turn"
-            });
-            if idle
-                && results.last().is_some_and(|r| {
-                    r["content"][0]["text"]
-                        .as_str()
-                        .unwrap_or("")
-                        .contains(want)
-                })
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{say}: {events:#?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        // The operator ends this activation: the next message makes another.
-        for (id, state) in api.session_work(&session).await {
-            if state != "stopped" {
-                api.stop_work(&id, true).await;
-                until_stopped(&api, &id, Duration::from_secs(15)).await;
-            }
-        }
-    }
+    turn(&api, &session, "write it", "WROTE", Duration::from_secs(60)).await;
+    end_activation(&api, &session).await;
+    turn(&api, &session, "read it", "first", Duration::from_secs(60)).await;
+    end_activation(&api, &session).await;
     let works = api.session_work(&session).await;
     assert_eq!(works.len(), 2, "two activations: {works:?}");
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    assert!(
+        root.path()
+            .join("sessions")
+            .join(&session)
+            .join("kept.txt")
+            .exists(),
+        "the Session's workspace stays"
+    );
 }

@@ -1,5 +1,10 @@
 //! `mango-worker` against a real api on PostgreSQL.
 
+mod docker;
+mod engine;
+mod faults;
 mod item;
 mod local;
+mod proxy;
 mod support;
+mod worker;

@@ -8,7 +8,8 @@ use mango_controller::core::metrics::Metrics;
 use mango_controller::core::secret::Secret;
 use mango_controller::core::supervisor::{RunEnd, Supervisor};
 use mango_protocol::{CheckStatus, Work, WorkState};
-use mango_testkit::TestApp;
+use mango_testkit::{json_events, model_reply, TestApp};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,8 +40,18 @@ pub struct Running {
 
 impl Running {
     pub async fn start<L: Launcher>(api: &TestApp, config: Config, launcher: L) -> Running {
+        Self::start_via(api, &api.base, config, launcher).await
+    }
+
+    /// [`Running::start`] with the supervisor reaching the api at `base`.
+    pub async fn start_via<L: Launcher>(
+        api: &TestApp,
+        base: &str,
+        config: Config,
+        launcher: L,
+    ) -> Running {
         let key = Secret::new(api.env_key.clone());
-        let supervisor = Supervisor::new(config, launcher, &api.base, &key);
+        let supervisor = Supervisor::new(config, launcher, base, &key);
         supervisor
             .check_key(&key)
             .await
@@ -90,4 +101,106 @@ pub async fn healthcheck(api: &TestApp, within: Duration) -> (String, CheckStatu
     let work = until_stopped(api, &check.id, within).await;
     let result = work.result.expect("a stopped check has a result");
     (check.id, result.status, result.message)
+}
+
+/// Replies of a scripted model for a Session of two turns: each runs one
+/// `bash` command, then ends its turn.
+pub fn two_bash_turns(first: &str, second: &str) -> Vec<(u16, Value)> {
+    let turn = |id: &str, command: &str, end: &str| {
+        [
+            (
+                200,
+                model_reply(
+                    json!([{"type": "tool_use", "id": id, "name": "bash",
+                            "input": {"command": command}}]),
+                    "tool_use",
+                ),
+            ),
+            (
+                200,
+                model_reply(json!([{"type": "text", "text": end}]), "end_turn"),
+            ),
+        ]
+    };
+    turn("t1", first, "done")
+        .into_iter()
+        .chain(turn("t2", second, "again"))
+        .collect()
+}
+
+/// The operator says `say`; waits (at most `within`) until the turn ended
+/// and its last tool result contains `want`. Returns the events.
+pub async fn turn(
+    api: &TestApp,
+    session: &str,
+    say: &str,
+    want: &str,
+    within: Duration,
+) -> Vec<Value> {
+    mango_testkit::turns::say(api, session, say).await;
+    let operator = Client::new(&api.base, &api.ws_key);
+    let deadline = Instant::now() + within;
+    loop {
+        let events = json_events(operator.all_events(session).await.unwrap());
+        let last_result = events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "user.tool_result")
+            .and_then(|r| r["content"][0]["text"].as_str())
+            .unwrap_or("");
+        let idle = events.last().is_some_and(|e| {
+            e["type"] == "session.status_idle" && e["stop_reason"]["type"] == "end_turn"
+        });
+        if idle && last_result.contains(want) {
+            return events;
+        }
+        assert!(Instant::now() < deadline, "{say}: {events:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The operator ends the Session's live activation (a forced Stop), so the
+/// next message makes another.
+pub async fn end_activation(api: &TestApp, session: &str) {
+    for (id, state) in api.session_work(session).await {
+        if state != "stopped" {
+            api.stop_work(&id, true).await;
+            until_stopped(api, &id, Duration::from_secs(15)).await;
+        }
+    }
+}
+
+/// The Session's one live Work item.
+pub async fn live_work(api: &TestApp, session: &str) -> String {
+    let live: Vec<String> = api
+        .session_work(session)
+        .await
+        .into_iter()
+        .filter(|(_, state)| state != "stopped")
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(live.len(), 1, "one live activation: {live:?}");
+    live[0].clone()
+}
+
+/// The results the Session's log holds for tool call `id`.
+pub fn results_for<'a>(events: &'a [Value], id: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "user.tool_result" && e["tool_use_id"] == id)
+        .collect()
+}
+
+/// A Session with one message, so its Work is queued for a supervisor.
+pub async fn queued_session(api: &TestApp) -> (String, String) {
+    let session = api.create_session().await;
+    mango_testkit::turns::say(api, &session, "go").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some((id, _)) = api.session_work(&session).await.into_iter().next() {
+            return (session, id);
+        }
+        assert!(Instant::now() < deadline, "the Session's Work is created");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

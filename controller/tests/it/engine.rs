@@ -1,0 +1,321 @@
+//! The real Docker Engine for the Docker launcher's tests: found or
+//! skipped (failing instead when `CI` is set), the sandbox image, the
+//! bridge's gateway where sandboxes reach the test's api, and what a pool
+//! left behind.
+
+use bollard::models::{ContainerConfig, ContainerCreateBody, ContainerSummary};
+use bollard::query_parameters::{
+    CommitContainerOptions, CreateContainerOptions, ListContainersOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions,
+};
+use bollard::Docker;
+use futures::StreamExt;
+use mango_controller::docker::DockerArgs;
+use mango_testkit::TestApp;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+pub struct Engine {
+    pub docker: Docker,
+    /// The sandbox image under test (`MANGO_TEST_SANDBOX_IMAGE`, default
+    /// `mango-sandbox:dev`, which `make test` builds first).
+    pub image: String,
+    /// What `host-gateway` resolves to in a sandbox: where the test's api
+    /// listens for them.
+    pub gateway: IpAddr,
+}
+
+/// Reported and skipped, or under `CI` failed: Docker mode is tested for
+/// real wherever an engine exists.
+fn unavailable(why: String) -> Option<Engine> {
+    if std::env::var_os("CI").is_some() {
+        panic!("CI is set, and the Docker tests cannot run: {why}");
+    }
+    eprintln!("SKIPPED: {why}; the Docker launcher's tests run wherever an engine answers (and fail under CI)");
+    None
+}
+
+/// The engine, or `None` (with the reason on stderr) where none answers.
+pub async fn engine() -> Option<Engine> {
+    let docker = match Docker::connect_with_local_defaults() {
+        Ok(docker) => docker,
+        Err(err) => return unavailable(format!("no Docker engine: {err}")),
+    };
+    let docker = match docker.negotiate_version().await {
+        Ok(docker) => docker,
+        Err(err) => return unavailable(format!("no Docker engine answers: {err}")),
+    };
+    let image =
+        std::env::var("MANGO_TEST_SANDBOX_IMAGE").unwrap_or_else(|_| "mango-sandbox:dev".into());
+    if let Err(err) = docker.inspect_image(&image).await {
+        return unavailable(format!(
+            "the sandbox image {image} is missing ({err}): build it with scripts/sandbox-image.sh"
+        ));
+    }
+    let gateway = host_gateway(&docker, &image).await;
+    Some(Engine {
+        docker,
+        image,
+        gateway,
+    })
+}
+
+impl Engine {
+    /// The api, also listening on the bridge's gateway for sandboxes.
+    pub async fn api(&self, db: sqlx::PgPool, settings: mango_api::Settings) -> TestApp {
+        TestApp::start_also_on(db, settings, &[self.gateway]).await
+    }
+
+    /// A launcher's arguments for `pool`: the test's image, the api as
+    /// sandboxes reach it (`host.docker.internal`), small limits.
+    pub fn args(&self, api: &TestApp) -> DockerArgs {
+        DockerArgs {
+            docker_host: None,
+            sandbox_base_url: sandbox_base(api),
+            image: self.image.clone(),
+            network: "mango-sandboxes".into(),
+            memory_mib: 256,
+            cpus: 1.0,
+            pids: 128,
+            volume_driver: "local".into(),
+            tmpfs_mib: 32,
+        }
+    }
+
+    /// The containers of `pool`, running or not.
+    pub async fn containers(&self, pool: &str) -> Vec<ContainerSummary> {
+        self.docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec![format!("mango.dev/pool={pool}")],
+                )])),
+                ..Default::default()
+            }))
+            .await
+            .expect("containers are listed")
+    }
+
+    /// Waits (at most `within`) until `pool` has no container; the names of
+    /// those left otherwise.
+    pub async fn until_empty(&self, pool: &str, within: std::time::Duration) -> Vec<String> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = names(&self.containers(pool).await);
+            if left.is_empty() || std::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Removes whatever a failed test left in `pool`, and the Session
+    /// volumes it names.
+    pub async fn clean(&self, pool: &str, sessions: &[&str]) {
+        for c in self.containers(pool).await {
+            let _ = self
+                .docker
+                .remove_container(
+                    c.id.as_deref().unwrap_or_default(),
+                    Some(RemoveContainerOptions {
+                        force: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
+        }
+        for session in sessions {
+            let _ = self
+                .docker
+                .remove_volume(
+                    &mango_controller::docker::session_volume(session),
+                    None::<RemoveVolumeOptions>,
+                )
+                .await;
+        }
+    }
+
+    /// The volumes that name Session `session`.
+    pub async fn session_volumes(&self, session: &str) -> Vec<String> {
+        let listed = self
+            .docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(HashMap::from([(
+                    "label".to_string(),
+                    vec![format!("mango.dev/session-id={session}")],
+                )])),
+            }))
+            .await
+            .expect("volumes are listed");
+        listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| v.name)
+            .collect()
+    }
+
+    /// The sandbox image with another entrypoint (`tag` of
+    /// `mango-sandbox-test`), for runners that misbehave.
+    pub async fn image_running(&self, tag: &str, entrypoint: &[&str]) -> String {
+        let holder = format!("mango-image-{tag}-{}", std::process::id());
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(holder.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(self.image.clone()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("a container to commit");
+        self.docker
+            .commit_container(
+                CommitContainerOptions {
+                    container: Some(created.id.clone()),
+                    repo: Some("mango-sandbox-test".into()),
+                    tag: Some(tag.into()),
+                    pause: false,
+                    ..Default::default()
+                },
+                ContainerConfig {
+                    entrypoint: Some(entrypoint.iter().map(|s| s.to_string()).collect()),
+                    cmd: Some(vec![]),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("the image is committed");
+        self.docker
+            .remove_container(&created.id, None::<RemoveContainerOptions>)
+            .await
+            .expect("the holder goes");
+        format!("mango-sandbox-test:{tag}")
+    }
+}
+
+/// The api's URL as sandboxes see it.
+pub fn sandbox_base(api: &TestApp) -> String {
+    let port = api
+        .also
+        .first()
+        .expect("the api listens for sandboxes")
+        .port();
+    format!("http://host.docker.internal:{port}")
+}
+
+/// A pool of this test's own, so tests that share the engine never see
+/// (or reconcile) each other's sandboxes.
+pub fn pool(test: &str) -> String {
+    format!("test-{test}-{:08x}", rand::random::<u32>())
+}
+
+pub fn names(containers: &[ContainerSummary]) -> Vec<String> {
+    containers
+        .iter()
+        .flat_map(|c| c.names.clone().unwrap_or_default())
+        .collect()
+}
+
+/// What must never appear in a sandbox's configuration, logs or errors:
+/// keys, sessions tokens, and the Work secret (base64 of
+/// `{"sessions_token":"mango_st…`).
+pub const SECRET_MARKERS: [&str; 4] = [
+    "mango_wsk_",
+    "mango_envk_",
+    "mango_st_",
+    "eyJzZXNzaW9uc190b2tlbiI6Im1hbmdvX3N0",
+];
+
+pub fn assert_no_secret(what: &str, text: &str) {
+    for marker in SECRET_MARKERS {
+        // A marker followed by secret characters: a message may name a
+        // key's prefix, never a key.
+        for (at, _) in text.match_indices(marker) {
+            let rest = &text[at + marker.len()..];
+            let secretish = rest
+                .chars()
+                .take(8)
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+                .count();
+            assert!(secretish < 8, "{what} contains {marker}…: {text}");
+        }
+    }
+}
+
+/// The address `host.docker.internal:host-gateway` gives a container (the
+/// default bridge's, unless the daemon names another), read from a
+/// container's `/etc/hosts` once per test process.
+async fn host_gateway(docker: &Docker, image: &str) -> IpAddr {
+    static GATEWAY: tokio::sync::OnceCell<IpAddr> = tokio::sync::OnceCell::const_new();
+    *GATEWAY
+        .get_or_init(|| async {
+            let name = format!("mango-gateway-probe-{}", std::process::id());
+            let created = docker
+                .create_container(
+                    Some(CreateContainerOptions {
+                        name: Some(name),
+                        ..Default::default()
+                    }),
+                    ContainerCreateBody {
+                        image: Some(image.to_string()),
+                        entrypoint: Some(vec!["/bin/cat".into(), "/etc/hosts".into()]),
+                        host_config: Some(bollard::models::HostConfig {
+                            extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("a probe container");
+            docker
+                .start_container(
+                    &created.id,
+                    None::<bollard::query_parameters::StartContainerOptions>,
+                )
+                .await
+                .expect("the probe starts");
+            let _ = docker
+                .wait_container(
+                    &created.id,
+                    None::<bollard::query_parameters::WaitContainerOptions>,
+                )
+                .collect::<Vec<_>>()
+                .await;
+            let hosts: String = docker
+                .logs(
+                    &created.id,
+                    Some(bollard::query_parameters::LogsOptions {
+                        stdout: true,
+                        ..Default::default()
+                    }),
+                )
+                .filter_map(|chunk| async move { chunk.ok().map(|c| c.to_string()) })
+                .collect()
+                .await;
+            let _ = docker
+                .remove_container(
+                    &created.id,
+                    Some(RemoveContainerOptions {
+                        force: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
+            hosts
+                .lines()
+                .find(|l| l.split_whitespace().nth(1) == Some("host.docker.internal"))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|ip| ip.parse().ok())
+                .unwrap_or_else(|| {
+                    panic!("host.docker.internal in the probe's /etc/hosts: {hosts}")
+                })
+        })
+        .await
+}
