@@ -36,7 +36,7 @@ for arg in "$@"; do
   case "$arg" in
     --release) PROFILE=release ;;
     --force) FORCE=1 ;;
-    -h | --help) sed -n '2,22p' "$SCRIPT" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$SCRIPT"; exit 0 ;;
     *) die "unknown argument '$arg' (usage: scripts/sandbox-image.sh [--release] [--force])" ;;
   esac
 done
