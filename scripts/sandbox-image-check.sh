@@ -5,6 +5,9 @@
 # runner starts, the healthcheck's kind of bash works in /workspace as uid
 # 65534, the root filesystem is read-only, and a named volume at /workspace is
 # writable by the runner user. Exits non-zero on any failure.
+#   scripts/sandbox-image-check.sh [--image TAG | sandbox-image.sh's arguments]
+#     --image TAG           check TAG as it is (e.g. one built from
+#                           deployments/docker/Dockerfile) instead of building
 #   MANGO_SANDBOX_IMAGE   the tag to build and check (default mango-sandbox:dev)
 # The commands in single quotes run in the sandbox: their $ are its shell's.
 # shellcheck disable=SC2016
@@ -13,8 +16,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 say() { printf '==> %s\n' "$*" >&2; }
 
-TAG="$("$ROOT/scripts/sandbox-image.sh" "$@" | tail -n 1)"
-[ -n "$TAG" ] || { printf 'sandbox-image-check: the build printed no image tag\n' >&2; exit 1; }
+if [ "${1:-}" = --image ]; then
+  TAG="${2:?--image needs a tag}"
+  docker image inspect "$TAG" >/dev/null \
+    || { printf 'sandbox-image-check: no image %s (or Docker is not available)\n' "$TAG" >&2; exit 1; }
+else
+  TAG="$("$ROOT/scripts/sandbox-image.sh" "$@" | tail -n 1)"
+  [ -n "$TAG" ] || { printf 'sandbox-image-check: the build printed no image tag\n' >&2; exit 1; }
+fi
 
 # As the supervisor starts a sandbox (docs/supervisor.md), with a tmpfs
 # workspace as for a healthcheck; no network, since nothing here needs one.

@@ -251,6 +251,7 @@ tar -C "$FS" "${TAR_OPTS[@]}" --owner=0 --group=0 --exclude=./workspace -cf "$TA
 tar -C "$FS" "${TAR_OPTS[@]}" --owner="$RUNNER_UID" --group="$RUNNER_GID" --no-recursion -rf "$TAR" ./workspace
 
 say "importing $TAG"
+previous="$(docker image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)"
 docker import \
   --change "USER $RUNNER_UID:$RUNNER_GID" \
   --change 'WORKDIR /workspace' \
@@ -265,6 +266,10 @@ docker import \
   --message "mango sandbox image (scripts/sandbox-image.sh)" \
   "$TAR" "$TAG" >/dev/null
 rm -rf "$WORK"
+# The image this one replaces, unless something else still uses or names it.
+if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect --format '{{.Id}}' "$TAG")" ]; then
+  docker rmi "$previous" >/dev/null 2>&1 || true
+fi
 size="$(docker image inspect --format '{{.Size}}' "$TAG")"
 say "built $TAG: $((size / 1024 / 1024)) MiB, runner sha256 ${runner_sha:0:12}"
 printf '%s\n' "$TAG"
