@@ -15,7 +15,7 @@
 #   MANGO_RUNNER_BIN       use this runner binary instead of building one
 #   MANGO_SANDBOX_IMAGE    the tag (default mango-sandbox:dev)
 #   CARGO_TARGET_DIR       where cargo builds (default target/); the root
-#                          filesystem is assembled in its sandbox-image/
+#                          filesystem is assembled in a sandbox-image.* there
 #
 # Skips the import when the image already carries labels with the same
 # runner SHA-256, this script's SHA-256 and digest of the host files it copies.
@@ -25,7 +25,6 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SCRIPT="$ROOT/scripts/sandbox-image.sh"
 TAG="${MANGO_SANDBOX_IMAGE:-mango-sandbox:dev}"
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
-WORK="$TARGET_DIR/sandbox-image"
 PROFILE=debug
 FORCE=0
 
@@ -151,10 +150,14 @@ if [ "$FORCE" = 0 ] \
 fi
 
 # --- Assemble the root filesystem ----------------------------------------------
+# A directory of its own, so that two builds (say debug and release) at once
+# do not share one.
+mkdir -p "$TARGET_DIR"
+WORK="$(mktemp -d "$TARGET_DIR/sandbox-image.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
 FS="$WORK/rootfs"
 say "assembling the root filesystem in $FS"
-rm -rf "$WORK"
-mkdir -p "$FS"
+mkdir "$FS"
 
 # The physical form of a link's target: relative to the link's real directory.
 resolve_link() {
