@@ -767,3 +767,231 @@ async fn bad_page_cursor_is_400_invalid_cursor(db: sqlx::PgPool) {
         assert_eq!(r.body["data"].as_array().unwrap().len(), 1);
     }
 }
+
+// ------------------------------------------------------------------ NUL characters
+
+/// Every table a request could write, as one value: a refused request must
+/// leave it exactly as it was. (Key rows are left out: authenticating records
+/// `last_used_at` in the background.)
+async fn stored(app: &TestApp) -> Value {
+    let mut out = Map::new();
+    for table in [
+        "environments",
+        "work",
+        "agents",
+        "agent_versions",
+        "sessions",
+        "session_events",
+        "session_tool_calls",
+        "outbox",
+        "worker_sightings",
+    ] {
+        let rows: Value = sqlx::query_scalar(&format!(
+            "SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY to_jsonb(t)::text), '[]') FROM {table} t"
+        ))
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        out.insert(table.into(), rows);
+    }
+    Value::Object(out)
+}
+
+/// A 400 `invalid_parameter` whose message says the NUL character was the reason.
+#[track_caller]
+fn assert_nul_refused(r: &Reply, what: &str) {
+    assert_400(r, "invalid_parameter", what);
+    let message = r.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("NUL") && message.contains("U+0000"),
+        "{what}: the message names the NUL character: {message}"
+    );
+}
+
+/// `v` with every NUL (in strings and keys) replaced by `-`: the same request, acceptable.
+fn without_nul(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.replace('\0', "-")),
+        Value::Array(items) => Value::Array(items.iter().map(without_nul).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.replace('\0', "-"), without_nul(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// A NUL anywhere in a JSON body is refused up front (PostgreSQL text and
+/// jsonb cannot hold U+0000) with a message that says so, on every kind of
+/// body, and nothing is stored; the same bodies without the NUL are accepted.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_nul_in_any_body_string_is_400_and_stores_nothing(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (check, _) = app.active_check().await;
+    let (failing, _) = app.active_check().await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    app.send(&s, json!([user_message("go")])).await.expect(200);
+    let worker = app.claim_session_work().await;
+    let call = json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "ls"},
+                      "evaluated_permission": "allow"});
+    let calls: Vec<String> = append_agent_events(&app.db, &s, vec![call.clone(), call])
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    let queued = app.create_check().await;
+
+    let ws = app.ws_key.clone();
+    let events = format!("/v1/sessions/{s}/events");
+    let env = format!("/v1/environments/{}", app.env_id);
+    let tool_result = |call: &str, text: &str| {
+        json!({"events": [{"type": "user.tool_result", "tool_use_id": call, "is_error": false,
+                           "content": [{"type": "text", "text": text}]}]})
+    };
+    let session = |extra: Value| {
+        let mut body = json!({"agent": agent, "environment_id": app.env_id});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let hc = json!({"type": "healthcheck"});
+    #[rustfmt::skip]
+    let cases: Vec<(&str, String, String, Value)> = vec![
+        ("tool result text, sessions token", events.clone(), worker.token.clone(), tool_result(&calls[0], "a\0b")),
+        ("tool result text, Workspace key", events.clone(), ws.clone(), tool_result(&calls[1], "\0")),
+        ("user message text", events.clone(), ws.clone(), json!({"events": [user_message("hi\0")]})),
+        ("healthcheck Result message", app.work_path(&format!("/{}/result", check.id)), check.token.clone(), json!({"status": "succeeded", "message": "ok\0"})),
+        ("Fail message", app.work_path(&format!("/{}/fail", failing.id)), failing.token.clone(), json!({"error": {"message": "bad\0input"}})),
+        ("Environment name on create", "/v1/environments".into(), ws.clone(), json!({"name": "e\0"})),
+        ("Environment name on update", env.clone(), ws.clone(), json!({"name": "\0e"})),
+        ("Environment description", env.clone(), ws.clone(), json!({"description": "d\0"})),
+        ("Environment metadata key", "/v1/environments".into(), ws.clone(), json!({"name": "e", "metadata": {"k\0": "v"}})),
+        ("Environment metadata value", env.clone(), ws.clone(), json!({"metadata": {"k": "v\0"}})),
+        ("Agent name on create", "/v1/agents".into(), ws.clone(), json!({"name": "a\0", "model": "m"})),
+        ("Agent name on update", format!("/v1/agents/{agent}"), ws.clone(), json!({"name": "a\0"})),
+        ("Agent metadata key", "/v1/agents".into(), ws.clone(), json!({"name": "a", "model": "m", "metadata": {"\0": "v"}})),
+        ("Work metadata key on create", app.work_path(""), ws.clone(), json!({"data": hc, "metadata": {"k\0": "v"}})),
+        ("Work metadata value on update", app.work_path(&format!("/{queued}")), ws.clone(), json!({"metadata": {"k": "\0"}})),
+        ("Session title", "/v1/sessions".into(), ws.clone(), session(json!({"title": "t\0"}))),
+        ("Session metadata key", "/v1/sessions".into(), ws.clone(), session(json!({"metadata": {"\0k": "v"}}))),
+        ("Session metadata value", "/v1/sessions".into(), ws.clone(), session(json!({"metadata": {"k": "v\0"}}))),
+    ];
+    let before = stored(&app).await;
+    for (what, path, cred, body) in &cases {
+        let r = app
+            .call(Method::POST, path, Some(cred), Some(body.clone()))
+            .await;
+        assert_nul_refused(&r, what);
+        assert_eq!(stored(&app).await, before, "{what} stored something");
+    }
+    // The NUL was the only thing wrong with each.
+    for (what, path, cred, body) in &cases {
+        let r = app
+            .call(Method::POST, path, Some(cred), Some(without_nul(body)))
+            .await;
+        assert!(r.status.is_success(), "{what} without the NUL: {}", r.body);
+    }
+}
+
+/// A NUL in a query parameter's value or name is refused before it reaches
+/// a filter, a cursor, a worker id or a heartbeat.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_nul_in_a_query_parameter_is_400(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    app.create_check().await;
+    let claim = app.poll().await.expect("the check");
+    app.ack(&claim.id).await.expect(200);
+    let queued = app.create_check().await;
+    let hb = app.work_path(&format!("/{}/heartbeat", claim.id));
+    let ws = app.ws_key.clone();
+    #[rustfmt::skip]
+    let cases: Vec<(Method, String, String)> = vec![
+        (Method::GET, format!("/v1/sessions?agent_id={agent}%00"), ws.clone()),
+        (Method::GET, format!("/v1/sessions/{s}/events?types[]=agent.message%00"), ws.clone()),
+        (Method::GET, format!("/v1/sessions/{s}/events?types%5B%5D=%00agent.message"), ws.clone()),
+        (Method::GET, "/v1/environments?page=%00".into(), ws.clone()),
+        (Method::GET, format!("{}?limit=5&page=%00", app.work_path("")), ws.clone()),
+        (Method::GET, "/v1/agents?created_at[gte]=%00".into(), ws.clone()),
+        (Method::GET, "/v1/environments?x%00=1".into(), ws.clone()),
+        (Method::GET, app.work_path("/poll?worker_id=w%00"), app.env_key.clone()),
+        (Method::POST, format!("{hb}?expected_last_heartbeat=NO_HEARTBEAT%00"), claim.token.clone()),
+    ];
+    let before = stored(&app).await;
+    for (method, path, cred) in &cases {
+        let r = app.call(method.clone(), path, Some(cred), None).await;
+        assert_nul_refused(&r, path);
+    }
+    assert_eq!(
+        stored(&app).await,
+        before,
+        "no refused Poll claimed {queued}"
+    );
+    // Without the NUL each is an ordinary request.
+    for (method, path, cred) in &cases {
+        let path = path.replace("%00", "");
+        let r = app.call(method.clone(), &path, Some(cred), None).await;
+        r.expect(200);
+    }
+}
+
+/// axum percent-decodes `%00` into a path id; no id can hold it, and every
+/// route answers 400 saying so (not the database's refusal, never 500),
+/// whatever the credential, and stores nothing.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_nul_in_a_path_id_is_400_on_every_route(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (claim, _) = app.active_check().await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    let e = app.env_id.clone();
+    let w = claim.id.clone();
+    let (ws, ek, tok) = (&app.ws_key, &app.env_key, &claim.token);
+    let get = Method::GET;
+    let post = Method::POST;
+    let delete = Method::DELETE;
+    let msg = json!({"events": [user_message("x")]});
+    #[rustfmt::skip]
+    let cases: Vec<(Method, String, &String, Option<Value>)> = vec![
+        (get.clone(), "/v1/environments/x%00".into(), ws, None),
+        (post.clone(), format!("/v1/environments/{e}%00"), ws, Some(json!({"name": "n"}))),
+        (delete.clone(), "/v1/environments/%00".into(), ws, None),
+        (post.clone(), "/v1/environments/x%00/archive".into(), ws, None),
+        (get.clone(), "/v1/environments/x%00/work".into(), ws, None),
+        (post.clone(), "/v1/environments/x%00/work".into(), ws, Some(json!({"data": {"type": "healthcheck"}}))),
+        (get.clone(), "/v1/environments/x%00/work/poll".into(), ek, None),
+        (get.clone(), "/v1/environments/x%00/work/stats".into(), ws, None),
+        (get.clone(), "/v1/environments/x%00/work/stats".into(), ek, None),
+        (get.clone(), format!("/v1/environments/{e}/work/a%00b"), ws, None),
+        (post.clone(), format!("/v1/environments/{e}/work/a%00b"), ws, Some(json!({"metadata": {}}))),
+        (post.clone(), format!("/v1/environments/{e}/work/a%00b/ack"), ek, None),
+        (post.clone(), format!("/v1/environments/x%00/work/{w}/ack"), ek, None),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/heartbeat?expected_last_heartbeat=NO_HEARTBEAT"), tok, None),
+        (post.clone(), format!("/v1/environments/{e}/work/a%00b/stop"), ws, None),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/stop"), tok, None),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/result"), tok, Some(json!({"status": "succeeded", "message": "m"}))),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/fail"), tok, Some(json!({"error": {"message": "m"}}))),
+        (get.clone(), format!("/v1/agents/{agent}%00"), ws, None),
+        (post.clone(), "/v1/agents/a%00b".into(), ws, Some(json!({"name": "n"}))),
+        (post.clone(), "/v1/agents/a%00b/archive".into(), ws, None),
+        (get.clone(), "/v1/agents/a%00b/versions".into(), ws, None),
+        (get.clone(), "/v1/sessions/a%00b".into(), ws, None),
+        (get.clone(), format!("/v1/sessions/{s}%00"), tok, None),
+        (delete.clone(), "/v1/sessions/a%00b".into(), ws, None),
+        (post.clone(), "/v1/sessions/a%00b/archive".into(), ws, None),
+        (get.clone(), "/v1/sessions/a%00b/events".into(), ws, None),
+        (post.clone(), format!("/v1/sessions/{s}%00/events"), ws, Some(msg)),
+        (get.clone(), "/v1/sessions/a%00b/events/stream".into(), ws, None),
+    ];
+    let before = stored(&app).await;
+    for (method, path, cred, body) in cases {
+        let r = app.call(method.clone(), &path, Some(cred), body).await;
+        assert_nul_refused(&r, &format!("{method} {path}"));
+    }
+    assert_eq!(stored(&app).await, before);
+}
