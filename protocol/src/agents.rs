@@ -278,7 +278,9 @@ pub enum McpServerKind {
 pub enum ExecutionIdentity {
     #[default]
     ServiceAccount,
-    AwsRole { role_arn: String },
+    AwsRole {
+        role_arn: String,
+    },
 }
 
 // ------------------------------------------------------------------ request bodies
