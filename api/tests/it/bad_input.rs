@@ -995,3 +995,254 @@ async fn a_nul_in_a_path_id_is_400_on_every_route(db: sqlx::PgPool) {
     }
     assert_eq!(stored(&app).await, before);
 }
+
+// ------------------------------------------------------------------ the database's refusals
+
+fn sqlstate(err: &sqlx::Error) -> String {
+    match err {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()).unwrap_or_default(),
+        other => panic!("not a database error: {other}"),
+    }
+}
+
+/// `err` as the API answers it: status and the envelope's body.
+async fn answered(err: sqlx::Error) -> (u16, Value) {
+    use axum::response::IntoResponse;
+    let response = mango_api::error::ApiError::from(err).into_response();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// A data exception (SQLSTATE class 22) is the request's fault and changed
+/// nothing: 400 `invalid_parameter`; a foreign-key violation (23503) means
+/// something it refers to went away: 409. Both with a message in the
+/// envelope, neither the 500 an unknown database error is.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn database_data_exceptions_are_400_and_foreign_key_violations_409(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let out_of_range = sqlx::query_scalar::<_, i32>("SELECT $1::int8::int4")
+        .bind(i64::from(i32::MAX) + 1)
+        .fetch_one(&app.db)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&out_of_range), "22003");
+    let (status, body) = answered(out_of_range).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["details"]["error_code"], "invalid_parameter");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("out of range") && message.contains("nothing changed"),
+        "{message}"
+    );
+    assert!(!message.contains("int4"), "no SQL detail leaks: {message}");
+
+    let timestamp = sqlx::query_scalar::<_, String>("SELECT ('294277-01-01'::timestamptz)::text")
+        .fetch_one(&app.db)
+        .await
+        .unwrap_err();
+    assert!(sqlstate(&timestamp).starts_with("22"), "{timestamp}");
+    assert_eq!(answered(timestamp).await.0, 400);
+
+    let dangling = sqlx::query("UPDATE api_keys SET environment_id = 'env_gone' WHERE id = $1")
+        .bind(&app.env_key_id)
+        .execute(&app.db)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&dangling), "23503");
+    let (status, body) = answered(dangling).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["type"], "conflict_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("deleted") && message.contains("nothing changed"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("api_keys"),
+        "no SQL detail leaks: {message}"
+    );
+}
+
+/// The same through a request: an out-of-range value computed in the
+/// statement that writes an Environment (a trigger stands in for it) answers
+/// 400 and stores nothing; the request works again once it is gone.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_data_exception_in_a_write_is_400_and_stores_nothing(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    sqlx::query(
+        "CREATE FUNCTION overflow() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM 2147483647::int4 + 1; RETURN NEW; END $$",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER overflow BEFORE INSERT ON environments FOR EACH ROW EXECUTE FUNCTION overflow()",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let before = stored(&app).await;
+    let body = json!({"name": "e"});
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/environments",
+            Some(&app.ws_key),
+            Some(body.clone()),
+        )
+        .await;
+    assert_400(&r, "invalid_parameter", "an integer out of range");
+    assert!(r.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("nothing changed"));
+    assert_eq!(stored(&app).await, before);
+
+    sqlx::query("DROP TRIGGER overflow ON environments")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.call(
+        Method::POST,
+        "/v1/environments",
+        Some(&app.ws_key),
+        Some(body),
+    )
+    .await
+    .expect(200);
+}
+
+/// A Session created while its Environment is being deleted: the lookup
+/// found the Environment, the insert's foreign key finds it gone. 409 with a
+/// message saying so, and no Session.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_session_whose_environment_is_deleted_meanwhile_is_409(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let doomed = app.create_environment("doomed").await;
+    let mut deleting = app.db.begin().await.unwrap();
+    assert!(
+        mango_api::store::environments::delete(&mut *deleting, "wrkspc_default", &doomed)
+            .await
+            .unwrap()
+    );
+    let (http, url, key) = (
+        app.http.clone(),
+        format!("{}/v1/sessions", app.base),
+        app.ws_key.clone(),
+    );
+    let racing = tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .bearer_auth(key)
+            .json(&json!({"agent": agent, "environment_id": doomed}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    });
+    let (status, body) = app
+        .commit_past(deleting, racing, "the Session create")
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "conflict_error");
+    assert!(body["request_id"]
+        .as_str()
+        .is_some_and(|r| r.starts_with("req_")));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("deleted"),
+        "{body}"
+    );
+    assert_eq!(count(&app, "sessions").await, 0);
+}
+
+// ------------------------------------------------------------------ cursors at the edge of time
+
+fn cursor_of(micros: i64, id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("v1:{micros}:{id}"))
+}
+
+/// Cursors hold microseconds since the epoch. PostgreSQL's `timestamptz`
+/// begins at 4714-11-24 00:00:00 BC: a cursor one microsecond before it is
+/// not one this API issued, and is 400 `invalid_cursor` (not the database's
+/// refusal, and never 500) on every list that takes `page`, as is one
+/// beyond chrono's range either way. A cursor exactly at the edge is a
+/// valid, empty page; one at chrono's latest instant (which PostgreSQL holds)
+/// is valid too.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn out_of_range_cursors_are_400_invalid_cursor_on_every_list(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    app.send(&s, json!([user_message("go")])).await.expect(200);
+    app.create_check().await;
+    // Asked of PostgreSQL itself, not of the code under test.
+    let earliest: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM '4714-11-24 00:00:00+00 BC'::timestamptz) * 1000000)::int8",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(earliest, -210_866_803_200_000_000);
+    let chrono_latest = chrono::DateTime::<chrono::Utc>::MAX_UTC.timestamp_micros();
+    // (list, its path, a cursor id that list accepts)
+    let lists = [
+        (
+            "Environments",
+            "/v1/environments".to_string(),
+            "env_x".to_string(),
+        ),
+        ("Work", app.work_path(""), "work_x".into()),
+        ("Agents", "/v1/agents".into(), "agent_x".into()),
+        (
+            "Agent versions",
+            format!("/v1/agents/{agent}/versions"),
+            "1".into(),
+        ),
+        ("Sessions", "/v1/sessions".into(), ">sesn_x".into()),
+        (
+            "Session events",
+            format!("/v1/sessions/{s}/events"),
+            i64::MAX.to_string(),
+        ),
+    ];
+    let before = stored(&app).await;
+    for (list, path, id) in &lists {
+        let app = &app;
+        let get = |cursor: String| {
+            let path = format!("{path}?page={cursor}");
+            async move { app.call(Method::GET, &path, Some(&app.ws_key), None).await }
+        };
+        for micros in [earliest - 1, i64::MIN, chrono_latest + 1, i64::MAX] {
+            let r = get(cursor_of(micros, id)).await;
+            assert_400(&r, "invalid_cursor", &format!("{list} at {micros}"));
+        }
+        let r = get(cursor_of(earliest, id)).await;
+        r.expect(200);
+        assert_eq!(
+            r.body["data"].as_array().map(Vec::len),
+            Some(0),
+            "{list}: nothing is older than the earliest instant: {}",
+            r.body
+        );
+        get(cursor_of(chrono_latest, id)).await.expect(200);
+        // An id no list issued holds no NUL either.
+        let r = get(cursor_of(earliest, &format!("{id}\0"))).await;
+        assert_400(
+            &r,
+            "invalid_cursor",
+            &format!("{list} with a NUL in the id"),
+        );
+    }
+    assert_eq!(stored(&app).await, before);
+}
