@@ -43,6 +43,7 @@ pub fn router(ctx: ApiContext) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(refuse_nul_in_path))
         .layer(middleware::from_fn_with_state(ctx.clone(), request_context))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             ApiError::internal("internal error").into_response()
@@ -55,6 +56,19 @@ async fn ready(State(ctx): State<ApiContext>) -> Response {
         Ok(_) => Json(json!({"status": "ready"})).into_response(),
         Err(_) => ApiError::unavailable("database unreachable").into_response(),
     }
+}
+
+/// A path holding `%00`, which axum would decode into an id, names nothing:
+/// PostgreSQL text cannot hold U+0000, so no id does. Refused as a NUL in a
+/// body or query is, rather than with the database's refusal of the lookup.
+async fn refuse_nul_in_path(req: Request, next: Next) -> Response {
+    if req.uri().path().contains("%00") {
+        return ApiError::invalid_parameter(
+            "the path must not contain the NUL character (U+0000, %00): no id holds one",
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// Gives every request an id (in the `request-id` header and any error body)

@@ -33,6 +33,10 @@ pub fn decode(cursor: &str) -> ApiResult<(Timestamp, String)> {
     let (Some("v1"), Some(micros), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
         return Err(bad());
     };
+    // Ids are text, which cannot hold U+0000: no issued cursor carries one.
+    if id.contains('\0') {
+        return Err(bad());
+    }
     let micros: i64 = micros.parse().map_err(|_| bad())?;
     let ts = DateTime::from_timestamp_micros(micros)
         .filter(|ts| *ts >= *EARLIEST)
@@ -78,6 +82,7 @@ mod tests {
         assert!(decode("nope!").is_err());
         assert!(decode(&URL_SAFE_NO_PAD.encode("v2:1:x")).is_err());
         assert!(decode(&URL_SAFE_NO_PAD.encode("v1:abc:x")).is_err());
+        assert!(decode(&URL_SAFE_NO_PAD.encode("v1:1:x\0")).is_err());
         // The edge PostgreSQL can hold, and one microsecond before it
         // (chrono holds it; PostgreSQL would fail the statement).
         let edge = format!("v1:{}:x", EARLIEST.timestamp_micros());

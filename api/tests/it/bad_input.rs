@@ -767,3 +767,482 @@ async fn bad_page_cursor_is_400_invalid_cursor(db: sqlx::PgPool) {
         assert_eq!(r.body["data"].as_array().unwrap().len(), 1);
     }
 }
+
+// ------------------------------------------------------------------ NUL characters
+
+/// Every table a request could write, as one value: a refused request must
+/// leave it exactly as it was. (Key rows are left out: authenticating records
+/// `last_used_at` in the background.)
+async fn stored(app: &TestApp) -> Value {
+    let mut out = Map::new();
+    for table in [
+        "environments",
+        "work",
+        "agents",
+        "agent_versions",
+        "sessions",
+        "session_events",
+        "session_tool_calls",
+        "outbox",
+        "worker_sightings",
+    ] {
+        let rows: Value = sqlx::query_scalar(&format!(
+            "SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY to_jsonb(t)::text), '[]') FROM {table} t"
+        ))
+        .fetch_one(&app.db)
+        .await
+        .unwrap();
+        out.insert(table.into(), rows);
+    }
+    Value::Object(out)
+}
+
+/// A 400 `invalid_parameter` whose message says the NUL character was the reason.
+#[track_caller]
+fn assert_nul_refused(r: &Reply, what: &str) {
+    assert_400(r, "invalid_parameter", what);
+    let message = r.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("NUL") && message.contains("U+0000"),
+        "{what}: the message names the NUL character: {message}"
+    );
+}
+
+/// `v` with every NUL (in strings and keys) replaced by `-`: the same request, acceptable.
+fn without_nul(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.replace('\0', "-")),
+        Value::Array(items) => Value::Array(items.iter().map(without_nul).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.replace('\0', "-"), without_nul(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// A NUL anywhere in a JSON body is refused up front (PostgreSQL text and
+/// jsonb cannot hold U+0000) with a message that says so, on every kind of
+/// body, and nothing is stored; the same bodies without the NUL are accepted.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_nul_in_any_body_string_is_400_and_stores_nothing(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (check, _) = app.active_check().await;
+    let (failing, _) = app.active_check().await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    app.send(&s, json!([user_message("go")])).await.expect(200);
+    let worker = app.claim_session_work().await;
+    let call = json!({"type": "agent.tool_use", "name": "bash", "input": {"command": "ls"},
+                      "evaluated_permission": "allow"});
+    let calls: Vec<String> = append_agent_events(&app.db, &s, vec![call.clone(), call])
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    let queued = app.create_check().await;
+
+    let ws = app.ws_key.clone();
+    let events = format!("/v1/sessions/{s}/events");
+    let env = format!("/v1/environments/{}", app.env_id);
+    let tool_result = |call: &str, text: &str| {
+        json!({"events": [{"type": "user.tool_result", "tool_use_id": call, "is_error": false,
+                           "content": [{"type": "text", "text": text}]}]})
+    };
+    let session = |extra: Value| {
+        let mut body = json!({"agent": agent, "environment_id": app.env_id});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let hc = json!({"type": "healthcheck"});
+    #[rustfmt::skip]
+    let cases: Vec<(&str, String, String, Value)> = vec![
+        ("tool result text, sessions token", events.clone(), worker.token.clone(), tool_result(&calls[0], "a\0b")),
+        ("tool result text, Workspace key", events.clone(), ws.clone(), tool_result(&calls[1], "\0")),
+        ("user message text", events.clone(), ws.clone(), json!({"events": [user_message("hi\0")]})),
+        ("healthcheck Result message", app.work_path(&format!("/{}/result", check.id)), check.token.clone(), json!({"status": "succeeded", "message": "ok\0"})),
+        ("Fail message", app.work_path(&format!("/{}/fail", failing.id)), failing.token.clone(), json!({"error": {"message": "bad\0input"}})),
+        ("Environment name on create", "/v1/environments".into(), ws.clone(), json!({"name": "e\0"})),
+        ("Environment name on update", env.clone(), ws.clone(), json!({"name": "\0e"})),
+        ("Environment description", env.clone(), ws.clone(), json!({"description": "d\0"})),
+        ("Environment metadata key", "/v1/environments".into(), ws.clone(), json!({"name": "e", "metadata": {"k\0": "v"}})),
+        ("Environment metadata value", env.clone(), ws.clone(), json!({"metadata": {"k": "v\0"}})),
+        ("Agent name on create", "/v1/agents".into(), ws.clone(), json!({"name": "a\0", "model": "m"})),
+        ("Agent name on update", format!("/v1/agents/{agent}"), ws.clone(), json!({"name": "a\0"})),
+        ("Agent metadata key", "/v1/agents".into(), ws.clone(), json!({"name": "a", "model": "m", "metadata": {"\0": "v"}})),
+        ("Work metadata key on create", app.work_path(""), ws.clone(), json!({"data": hc, "metadata": {"k\0": "v"}})),
+        ("Work metadata value on update", app.work_path(&format!("/{queued}")), ws.clone(), json!({"metadata": {"k": "\0"}})),
+        ("Session title", "/v1/sessions".into(), ws.clone(), session(json!({"title": "t\0"}))),
+        ("Session metadata key", "/v1/sessions".into(), ws.clone(), session(json!({"metadata": {"\0k": "v"}}))),
+        ("Session metadata value", "/v1/sessions".into(), ws.clone(), session(json!({"metadata": {"k": "v\0"}}))),
+    ];
+    let before = stored(&app).await;
+    for (what, path, cred, body) in &cases {
+        let r = app
+            .call(Method::POST, path, Some(cred), Some(body.clone()))
+            .await;
+        assert_nul_refused(&r, what);
+        assert_eq!(stored(&app).await, before, "{what} stored something");
+    }
+    // The NUL was the only thing wrong with each.
+    for (what, path, cred, body) in &cases {
+        let r = app
+            .call(Method::POST, path, Some(cred), Some(without_nul(body)))
+            .await;
+        assert!(r.status.is_success(), "{what} without the NUL: {}", r.body);
+    }
+}
+
+/// A NUL in a query parameter's value or name is refused before it reaches
+/// a filter, a cursor, a worker id or a heartbeat.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_nul_in_a_query_parameter_is_400(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    app.create_check().await;
+    let claim = app.poll().await.expect("the check");
+    app.ack(&claim.id).await.expect(200);
+    let queued = app.create_check().await;
+    let hb = app.work_path(&format!("/{}/heartbeat", claim.id));
+    let ws = app.ws_key.clone();
+    #[rustfmt::skip]
+    let cases: Vec<(Method, String, String)> = vec![
+        (Method::GET, format!("/v1/sessions?agent_id={agent}%00"), ws.clone()),
+        (Method::GET, format!("/v1/sessions/{s}/events?types[]=agent.message%00"), ws.clone()),
+        (Method::GET, format!("/v1/sessions/{s}/events?types%5B%5D=%00agent.message"), ws.clone()),
+        (Method::GET, "/v1/environments?page=%00".into(), ws.clone()),
+        (Method::GET, format!("{}?limit=5&page=%00", app.work_path("")), ws.clone()),
+        (Method::GET, "/v1/agents?created_at[gte]=%00".into(), ws.clone()),
+        (Method::GET, "/v1/environments?x%00=1".into(), ws.clone()),
+        (Method::GET, app.work_path("/poll?worker_id=w%00"), app.env_key.clone()),
+        (Method::POST, format!("{hb}?expected_last_heartbeat=NO_HEARTBEAT%00"), claim.token.clone()),
+    ];
+    let before = stored(&app).await;
+    for (method, path, cred) in &cases {
+        let r = app.call(method.clone(), path, Some(cred), None).await;
+        assert_nul_refused(&r, path);
+    }
+    assert_eq!(
+        stored(&app).await,
+        before,
+        "no refused Poll claimed {queued}"
+    );
+    // Without the NUL each is an ordinary request.
+    for (method, path, cred) in &cases {
+        let path = path.replace("%00", "");
+        let r = app.call(method.clone(), &path, Some(cred), None).await;
+        r.expect(200);
+    }
+}
+
+/// axum percent-decodes `%00` into a path id; no id can hold it, and every
+/// route answers 400 saying so (not the database's refusal, never 500),
+/// whatever the credential, and stores nothing.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_nul_in_a_path_id_is_400_on_every_route(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let (claim, _) = app.active_check().await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    let e = app.env_id.clone();
+    let w = claim.id.clone();
+    let (ws, ek, tok) = (&app.ws_key, &app.env_key, &claim.token);
+    let get = Method::GET;
+    let post = Method::POST;
+    let delete = Method::DELETE;
+    let msg = json!({"events": [user_message("x")]});
+    #[rustfmt::skip]
+    let cases: Vec<(Method, String, &String, Option<Value>)> = vec![
+        (get.clone(), "/v1/environments/x%00".into(), ws, None),
+        (post.clone(), format!("/v1/environments/{e}%00"), ws, Some(json!({"name": "n"}))),
+        (delete.clone(), "/v1/environments/%00".into(), ws, None),
+        (post.clone(), "/v1/environments/x%00/archive".into(), ws, None),
+        (get.clone(), "/v1/environments/x%00/work".into(), ws, None),
+        (post.clone(), "/v1/environments/x%00/work".into(), ws, Some(json!({"data": {"type": "healthcheck"}}))),
+        (get.clone(), "/v1/environments/x%00/work/poll".into(), ek, None),
+        (get.clone(), "/v1/environments/x%00/work/stats".into(), ws, None),
+        (get.clone(), "/v1/environments/x%00/work/stats".into(), ek, None),
+        (get.clone(), format!("/v1/environments/{e}/work/a%00b"), ws, None),
+        (post.clone(), format!("/v1/environments/{e}/work/a%00b"), ws, Some(json!({"metadata": {}}))),
+        (post.clone(), format!("/v1/environments/{e}/work/a%00b/ack"), ek, None),
+        (post.clone(), format!("/v1/environments/x%00/work/{w}/ack"), ek, None),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/heartbeat?expected_last_heartbeat=NO_HEARTBEAT"), tok, None),
+        (post.clone(), format!("/v1/environments/{e}/work/a%00b/stop"), ws, None),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/stop"), tok, None),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/result"), tok, Some(json!({"status": "succeeded", "message": "m"}))),
+        (post.clone(), format!("/v1/environments/{e}/work/{w}%00/fail"), tok, Some(json!({"error": {"message": "m"}}))),
+        (get.clone(), format!("/v1/agents/{agent}%00"), ws, None),
+        (post.clone(), "/v1/agents/a%00b".into(), ws, Some(json!({"name": "n"}))),
+        (post.clone(), "/v1/agents/a%00b/archive".into(), ws, None),
+        (get.clone(), "/v1/agents/a%00b/versions".into(), ws, None),
+        (get.clone(), "/v1/sessions/a%00b".into(), ws, None),
+        (get.clone(), format!("/v1/sessions/{s}%00"), tok, None),
+        (delete.clone(), "/v1/sessions/a%00b".into(), ws, None),
+        (post.clone(), "/v1/sessions/a%00b/archive".into(), ws, None),
+        (get.clone(), "/v1/sessions/a%00b/events".into(), ws, None),
+        (post.clone(), format!("/v1/sessions/{s}%00/events"), ws, Some(msg)),
+        (get.clone(), "/v1/sessions/a%00b/events/stream".into(), ws, None),
+    ];
+    let before = stored(&app).await;
+    for (method, path, cred, body) in cases {
+        let r = app.call(method.clone(), &path, Some(cred), body).await;
+        assert_nul_refused(&r, &format!("{method} {path}"));
+    }
+    assert_eq!(stored(&app).await, before);
+}
+
+// ------------------------------------------------------------------ the database's refusals
+
+fn sqlstate(err: &sqlx::Error) -> String {
+    match err {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()).unwrap_or_default(),
+        other => panic!("not a database error: {other}"),
+    }
+}
+
+/// `err` as the API answers it: status and the envelope's body.
+async fn answered(err: sqlx::Error) -> (u16, Value) {
+    use axum::response::IntoResponse;
+    let response = mango_api::error::ApiError::from(err).into_response();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// A data exception (SQLSTATE class 22) is the request's fault and changed
+/// nothing: 400 `invalid_parameter`; a foreign-key violation (23503) means
+/// something it refers to went away: 409. Both with a message in the
+/// envelope, neither the 500 an unknown database error is.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn database_data_exceptions_are_400_and_foreign_key_violations_409(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let out_of_range = sqlx::query_scalar::<_, i32>("SELECT $1::int8::int4")
+        .bind(i64::from(i32::MAX) + 1)
+        .fetch_one(&app.db)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&out_of_range), "22003");
+    let (status, body) = answered(out_of_range).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["details"]["error_code"], "invalid_parameter");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("out of range") && message.contains("nothing changed"),
+        "{message}"
+    );
+    assert!(!message.contains("int4"), "no SQL detail leaks: {message}");
+
+    let timestamp = sqlx::query_scalar::<_, String>("SELECT ('294277-01-01'::timestamptz)::text")
+        .fetch_one(&app.db)
+        .await
+        .unwrap_err();
+    assert!(sqlstate(&timestamp).starts_with("22"), "{timestamp}");
+    assert_eq!(answered(timestamp).await.0, 400);
+
+    let dangling = sqlx::query("UPDATE api_keys SET environment_id = 'env_gone' WHERE id = $1")
+        .bind(&app.env_key_id)
+        .execute(&app.db)
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&dangling), "23503");
+    let (status, body) = answered(dangling).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["type"], "conflict_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("deleted") && message.contains("nothing changed"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("api_keys"),
+        "no SQL detail leaks: {message}"
+    );
+}
+
+/// The same through a request: an out-of-range value computed in the
+/// statement that writes an Environment (a trigger stands in for it) answers
+/// 400 and stores nothing; the request works again once it is gone.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_data_exception_in_a_write_is_400_and_stores_nothing(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    sqlx::query(
+        "CREATE FUNCTION overflow() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM 2147483647::int4 + 1; RETURN NEW; END $$",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER overflow BEFORE INSERT ON environments FOR EACH ROW EXECUTE FUNCTION overflow()",
+    )
+    .execute(&app.db)
+    .await
+    .unwrap();
+    let before = stored(&app).await;
+    let body = json!({"name": "e"});
+    let r = app
+        .call(
+            Method::POST,
+            "/v1/environments",
+            Some(&app.ws_key),
+            Some(body.clone()),
+        )
+        .await;
+    assert_400(&r, "invalid_parameter", "an integer out of range");
+    assert!(r.body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("nothing changed"));
+    assert_eq!(stored(&app).await, before);
+
+    sqlx::query("DROP TRIGGER overflow ON environments")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    app.call(
+        Method::POST,
+        "/v1/environments",
+        Some(&app.ws_key),
+        Some(body),
+    )
+    .await
+    .expect(200);
+}
+
+/// A Session created while its Environment is being deleted: the lookup
+/// found the Environment, the insert's foreign key finds it gone. 409 with a
+/// message saying so, and no Session.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_session_whose_environment_is_deleted_meanwhile_is_409(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let doomed = app.create_environment("doomed").await;
+    let mut deleting = app.db.begin().await.unwrap();
+    assert!(
+        mango_api::store::environments::delete(&mut *deleting, "wrkspc_default", &doomed)
+            .await
+            .unwrap()
+    );
+    let (http, url, key) = (
+        app.http.clone(),
+        format!("{}/v1/sessions", app.base),
+        app.ws_key.clone(),
+    );
+    let racing = tokio::spawn(async move {
+        let r = http
+            .post(url)
+            .bearer_auth(key)
+            .json(&json!({"agent": agent, "environment_id": doomed}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    });
+    let (status, body) = app
+        .commit_past(deleting, racing, "the Session create")
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "conflict_error");
+    assert!(body["request_id"]
+        .as_str()
+        .is_some_and(|r| r.starts_with("req_")));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("deleted"),
+        "{body}"
+    );
+    assert_eq!(count(&app, "sessions").await, 0);
+}
+
+// ------------------------------------------------------------------ cursors at the edge of time
+
+fn cursor_of(micros: i64, id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("v1:{micros}:{id}"))
+}
+
+/// Cursors hold microseconds since the epoch. PostgreSQL's `timestamptz`
+/// begins at 4714-11-24 00:00:00 BC: a cursor one microsecond before it is
+/// not one this API issued, and is 400 `invalid_cursor` (not the database's
+/// refusal, and never 500) on every list that takes `page`, as is one
+/// beyond chrono's range either way. A cursor exactly at the edge is a
+/// valid, empty page; one at chrono's latest instant (which PostgreSQL holds)
+/// is valid too.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn out_of_range_cursors_are_400_invalid_cursor_on_every_list(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    app.send(&s, json!([user_message("go")])).await.expect(200);
+    app.create_check().await;
+    // Asked of PostgreSQL itself, not of the code under test.
+    let earliest: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM '4714-11-24 00:00:00+00 BC'::timestamptz) * 1000000)::int8",
+    )
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(earliest, -210_866_803_200_000_000);
+    let chrono_latest = chrono::DateTime::<chrono::Utc>::MAX_UTC.timestamp_micros();
+    // (list, its path, a cursor id that list accepts)
+    let lists = [
+        (
+            "Environments",
+            "/v1/environments".to_string(),
+            "env_x".to_string(),
+        ),
+        ("Work", app.work_path(""), "work_x".into()),
+        ("Agents", "/v1/agents".into(), "agent_x".into()),
+        (
+            "Agent versions",
+            format!("/v1/agents/{agent}/versions"),
+            "1".into(),
+        ),
+        ("Sessions", "/v1/sessions".into(), ">sesn_x".into()),
+        (
+            "Session events",
+            format!("/v1/sessions/{s}/events"),
+            i64::MAX.to_string(),
+        ),
+    ];
+    let before = stored(&app).await;
+    for (list, path, id) in &lists {
+        let app = &app;
+        let get = |cursor: String| {
+            let path = format!("{path}?page={cursor}");
+            async move { app.call(Method::GET, &path, Some(&app.ws_key), None).await }
+        };
+        for micros in [earliest - 1, i64::MIN, chrono_latest + 1, i64::MAX] {
+            let r = get(cursor_of(micros, id)).await;
+            assert_400(&r, "invalid_cursor", &format!("{list} at {micros}"));
+        }
+        let r = get(cursor_of(earliest, id)).await;
+        r.expect(200);
+        assert_eq!(
+            r.body["data"].as_array().map(Vec::len),
+            Some(0),
+            "{list}: nothing is older than the earliest instant: {}",
+            r.body
+        );
+        get(cursor_of(chrono_latest, id)).await.expect(200);
+        // An id no list issued holds no NUL either.
+        let r = get(cursor_of(earliest, &format!("{id}\0"))).await;
+        assert_400(
+            &r,
+            "invalid_cursor",
+            &format!("{list} with a NUL in the id"),
+        );
+    }
+    assert_eq!(stored(&app).await, before);
+}

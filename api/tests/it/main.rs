@@ -13,6 +13,7 @@ mod cli;
 mod concurrency;
 mod credentials;
 mod environments_api;
+mod lifecycle_edges;
 mod notifications;
 mod session_events;
 mod sessions_api;
