@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The full test suite (`make test`, and what CI runs). Starts what the tests need:
-# a private PostgreSQL cluster and a venv with the pinned official SDK.
+# a private PostgreSQL cluster, a venv with the pinned official SDK, and the
+# sandbox image (with this checkout's runner) for the Docker launcher's tests.
+# Those tests skip with a message where no Docker engine answers, and fail
+# instead when CI is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n==> %s\n' "$*"; }
@@ -17,6 +20,16 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 step "Layout rules (docs/architecture.md)"
 python3 scripts/structure-check.py
+
+if docker version >/dev/null 2>&1; then
+  step "The sandbox image (scripts/sandbox-image.sh, this checkout's debug runner)"
+  scripts/sandbox-image.sh
+elif [ -n "${CI:-}" ]; then
+  echo "CI is set and no Docker engine answers: the Docker launcher's tests cannot run" >&2
+  exit 1
+else
+  step "No Docker engine answers: the Docker launcher's tests will skip"
+fi
 
 step "Rust unit and PostgreSQL integration tests"
 cargo test --workspace
