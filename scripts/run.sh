@@ -1,44 +1,85 @@
 #!/usr/bin/env bash
-# `make run`: the API server on its embedded default database, with an
-# Environment, a Workspace key, an Environment key and a fresh healthcheck.
+# `make run`: the API server on its embedded default database, a supervisor
+# (Docker when an engine answers, local subprocesses otherwise), and a
+# healthcheck that ends `succeeded`; then both keep serving until Ctrl-C.
 #   MANGO_DATABASE_URL  use this PostgreSQL instead of the private cluster in .mango/
 #   MANGO_LISTEN_ADDR   default 127.0.0.1:8080
+#   MANGO_LAUNCHER      docker | local (default: docker when an engine answers)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 say() { printf '%s\n' "$*" >&2; }
 json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 
-say "==> building mango (release)"
-cargo build --release -q -p mango-api --bin mango
+LISTEN="${MANGO_LISTEN_ADDR:-127.0.0.1:8080}"
+PORT="${LISTEN##*:}"
+BASE="http://$LISTEN"
+
+if [ -z "${MANGO_LAUNCHER:-}" ]; then
+  if command -v docker >/dev/null 2>&1 && docker version >/dev/null 2>&1; then
+    MANGO_LAUNCHER=docker
+  else
+    MANGO_LAUNCHER=local
+    say "==> no Docker engine answers: items will run as local subprocesses (NOT a security boundary)"
+  fi
+fi
+case "$MANGO_LAUNCHER" in docker | local) ;; *) say "MANGO_LAUNCHER must be docker or local"; exit 2 ;; esac
+
+say "==> building mango, mango-worker and mango-runner (release; the first build takes a few minutes)"
+cargo build --release -q -p mango-api -p mango-controller -p mango-runner --bin mango --bin mango-worker --bin mango-runner
 MANGO="$ROOT/target/release/mango"
+WORKER="$ROOT/target/release/mango-worker"
+
+if [ "$MANGO_LAUNCHER" = docker ]; then
+  say "==> the sandbox image"
+  MANGO_RUNNER_BIN="$ROOT/target/release/mango-runner" scripts/sandbox-image.sh
+  IMAGE="${MANGO_SANDBOX_IMAGE:-mango-sandbox:dev}"
+  # Sandboxes reach the host as host.docker.internal (host-gateway); the api
+  # listens there too, on the same port.
+  GATEWAY="$(docker run --rm --network none --add-host host.docker.internal:host-gateway \
+      --entrypoint /bin/cat "$IMAGE" /etc/hosts | awk '$2 == "host.docker.internal" { print $1; exit }')"
+  [ -n "$GATEWAY" ] || { say "could not learn the address host-gateway gives sandboxes"; exit 1; }
+  export MANGO_LISTEN_ADDR="$LISTEN,$GATEWAY:$PORT"
+else
+  export MANGO_LISTEN_ADDR="$LISTEN"
+fi
 
 if [ -z "${MANGO_DATABASE_URL:-}" ]; then
   say "==> starting the private PostgreSQL cluster in .mango/"
   MANGO_DATABASE_URL="$(scripts/pg.sh)"
 fi
 export MANGO_DATABASE_URL
-export MANGO_LISTEN_ADDR="${MANGO_LISTEN_ADDR:-127.0.0.1:8080}"
-BASE="http://$MANGO_LISTEN_ADDR"
+mkdir -p "$ROOT/.mango"
 
 "$MANGO" migrate >/dev/null
-"$MANGO" serve --no-migrate &
+"$MANGO" serve --no-migrate 2>>"$ROOT/.mango/api.log" &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT INT TERM
+WORKER_PID=
+stop_all() {
+  trap - EXIT INT TERM
+  if [ -n "$WORKER_PID" ]; then
+    say "==> stopping the supervisor (running items get its shutdown grace)"
+    kill -TERM "$WORKER_PID" 2>/dev/null || true
+    wait "$WORKER_PID" 2>/dev/null || true
+  fi
+  kill -TERM "$SERVER" 2>/dev/null || true
+  wait "$SERVER" 2>/dev/null || true
+}
+trap stop_all EXIT INT TERM
 for _ in $(seq 1 100); do
   curl -fsS "$BASE/readyz" >/dev/null 2>&1 && break
-  kill -0 $SERVER 2>/dev/null || { say "mango serve exited; see its log above"; exit 1; }
+  kill -0 $SERVER 2>/dev/null || { say "mango serve exited; see .mango/api.log"; tail -5 "$ROOT/.mango/api.log" >&2; exit 1; }
   sleep 0.1
 done
-curl -fsS "$BASE/readyz" >/dev/null || { say "mango serve did not become ready"; exit 1; }
+curl -fsS "$BASE/readyz" >/dev/null || { say "mango serve did not become ready; see .mango/api.log"; exit 1; }
+say "==> mango serving on $MANGO_LISTEN_ADDR (log: .mango/api.log)"
 
 # Keys and the Environment are made once and kept in .mango/dev.env (mode 600).
 STATE="$ROOT/.mango/dev.env"
-mkdir -p "$ROOT/.mango"
 if [ -f "$STATE" ]; then
   # shellcheck disable=SC1090
   . "$STATE"
-  if [ "${MANGO_DEV_DATABASE_URL:-}" != "$MANGO_DATABASE_URL" ] || \
+  if [ "${MANGO_DEV_DATABASE_URL:-}" != "$MANGO_DATABASE_URL" ] || [ "${MANGO_BASE_URL:-}" != "$BASE" ] || \
      ! curl -fsS "$BASE/v1/environments/${MANGO_ENVIRONMENT_ID:-none}" -H "Authorization: Bearer ${MANGO_API_KEY:-none}" >/dev/null 2>&1; then
     rm -f "$STATE"
   fi
@@ -58,22 +99,55 @@ MANGO_API_KEY='$MANGO_API_KEY'
 MANGO_ENVIRONMENT_ID='$MANGO_ENVIRONMENT_ID'
 MANGO_ENVIRONMENT_KEY='$MANGO_ENVIRONMENT_KEY'
 STATE_EOF
+  umask 022
   say "    credentials written to .mango/dev.env (shown nowhere else)"
 else
   say "==> reusing the Environment and keys in .mango/dev.env"
 fi
 
+say "==> starting the supervisor"
+(
+  export MANGO_ENVIRONMENT_KEY MANGO_ENVIRONMENT_ID MANGO_BASE_URL="$BASE"
+  if [ "$MANGO_LAUNCHER" = docker ]; then
+    export MANGO_DOCKER_BASE_URL="http://host.docker.internal:$PORT"
+    exec "$WORKER" docker
+  else
+    exec "$WORKER" local --root "$ROOT/.mango/local"
+  fi
+) 2>>"$ROOT/.mango/worker.log" &
+WORKER_PID=$!
+say "    mango-worker $MANGO_LAUNCHER (log: .mango/worker.log; metrics: http://127.0.0.1:9464/metrics)"
+
 say "==> creating a healthcheck"
-CHECK="$(curl -fsS -X POST "$BASE/v1/environments/$MANGO_ENVIRONMENT_ID/work" -H "Authorization: Bearer $MANGO_API_KEY" \
-    -H 'Content-Type: application/json' -d '{"data":{"type":"healthcheck"}}')"
-echo "$CHECK" | python3 -m json.tool
-CHECK_ID="$(echo "$CHECK" | json '["id"]')"
+CHECK_ID="$(curl -fsS -X POST "$BASE/v1/environments/$MANGO_ENVIRONMENT_ID/work" -H "Authorization: Bearer $MANGO_API_KEY" \
+    -H 'Content-Type: application/json' -d '{"data":{"type":"healthcheck"}}' | json '["id"]')"
+printf '    %s ' "$CHECK_ID" >&2
+STATE_NOW=
+for _ in $(seq 1 1300); do
+  WORK="$(curl -fsS "$BASE/v1/environments/$MANGO_ENVIRONMENT_ID/work/$CHECK_ID" -H "Authorization: Bearer $MANGO_API_KEY")"
+  NEXT="$(echo "$WORK" | json '["state"]')"
+  [ "$NEXT" != "$STATE_NOW" ] && { printf '%s ' "$NEXT" >&2; STATE_NOW="$NEXT"; }
+  [ "$NEXT" = stopped ] && break
+  kill -0 "$WORKER_PID" 2>/dev/null || { say; say "mango-worker exited; see .mango/worker.log:"; tail -5 "$ROOT/.mango/worker.log" >&2; exit 1; }
+  sleep 0.1
+done
+say
+echo "$WORK" | python3 -m json.tool
+STATUS="$(echo "$WORK" | python3 -c 'import json,sys; r=json.load(sys.stdin).get("result") or {}; print(r.get("status",""))')"
+if [ "$STATUS" != succeeded ]; then
+  say "the healthcheck did not succeed (${STATUS:-no result}); the supervisor's last lines (.mango/worker.log):"
+  tail -10 "$ROOT/.mango/worker.log" >&2
+  exit 1
+fi
 cat >&2 <<EOF_HELP
 
-Mango is serving on $BASE  (Environment $MANGO_ENVIRONMENT_ID)
+healthcheck $CHECK_ID: succeeded
+
+Mango is serving on $BASE  (Environment $MANGO_ENVIRONMENT_ID), with mango-worker $MANGO_LAUNCHER polling it.
   source .mango/dev.env     # MANGO_BASE_URL, MANGO_API_KEY, MANGO_ENVIRONMENT_ID, MANGO_ENVIRONMENT_KEY
-  curl -s \$MANGO_BASE_URL/v1/environments/\$MANGO_ENVIRONMENT_ID/work/$CHECK_ID -H "Authorization: Bearer \$MANGO_API_KEY"
-The healthcheck stays queued until a supervisor polls it (its deadline is 120 s).
-Press Ctrl-C to stop.
+  curl -s -X POST \$MANGO_BASE_URL/v1/environments/\$MANGO_ENVIRONMENT_ID/work -H "Authorization: Bearer \$MANGO_API_KEY" \\
+       -H 'Content-Type: application/json' -d '{"data":{"type":"healthcheck"}}'
+  docker ps --filter label=app.kubernetes.io/managed-by=mango-worker     # the live sandboxes (Docker)
+Logs: .mango/api.log, .mango/worker.log.  Press Ctrl-C to stop.
 EOF_HELP
-wait $SERVER
+wait "$SERVER"

@@ -22,8 +22,9 @@ step "Layout rules (docs/architecture.md)"
 python3 scripts/structure-check.py
 
 if docker version >/dev/null 2>&1; then
-  step "The sandbox image (scripts/sandbox-image.sh, this checkout's debug runner)"
-  scripts/sandbox-image.sh
+  step "The sandbox image mango-sandbox:test (scripts/sandbox-image.sh, this checkout's debug runner)"
+  MANGO_SANDBOX_IMAGE=mango-sandbox:test scripts/sandbox-image.sh
+  export MANGO_TEST_SANDBOX_IMAGE=mango-sandbox:test
 elif [ -n "${CI:-}" ]; then
   echo "CI is set and no Docker engine answers: the Docker launcher's tests cannot run" >&2
   exit 1

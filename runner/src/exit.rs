@@ -37,6 +37,19 @@ impl From<Exit> for ExitCode {
 }
 
 impl Exit {
+    /// A short name for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exit::Done => "done",
+            Exit::Failed => "failed",
+            Exit::Unprotected => "unprotected",
+            Exit::UnknownWorkType => "unknown_work_type",
+            Exit::LeftToExpire => "left_to_expire",
+            Exit::Unreported => "unreported",
+            Exit::InputFailed => "input_failed",
+        }
+    }
+
     /// The exit a status code means, for a supervisor reading one.
     pub fn from_code(code: i32) -> Option<Exit> {
         use Exit::*;

@@ -430,8 +430,7 @@ impl<L: Launcher> Shared<L> {
                 ended = &mut exited => {
                     match ended {
                         Ok(SandboxExit::Exited(code)) => {
-                            let why = mango_runner::exit::Exit::from_code(code as i32);
-                            tracing::info!(%work_id, sandbox = %sandbox.name, code, exit = ?why, "the runner exited");
+                            tracing::info!(%work_id, sandbox = %sandbox.name, code, exit = exit_meaning(code), "the runner exited");
                         }
                         Ok(SandboxExit::Gone) => tracing::warn!(%work_id, sandbox = %sandbox.name, "the sandbox disappeared"),
                         Err(err @ LaunchError::Unavailable { .. }) => {
@@ -585,6 +584,16 @@ impl<L: Launcher> Shared<L> {
                 }
             }
         }
+    }
+}
+
+/// What a sandbox's exit status says, for its log line.
+fn exit_meaning(code: i64) -> &'static str {
+    match (mango_runner::exit::Exit::from_code(code as i32), code) {
+        (Some(exit), _) => exit.as_str(),
+        (None, 137) => "killed (SIGKILL: out of memory, or removed)",
+        (None, 126 | 127) => "the runner could not be started",
+        (None, _) => "not a runner's exit status",
     }
 }
 

@@ -17,8 +17,9 @@ use std::net::IpAddr;
 
 pub struct Engine {
     pub docker: Docker,
-    /// The sandbox image under test (`MANGO_TEST_SANDBOX_IMAGE`, default
-    /// `mango-sandbox:dev`, which `make test` builds first).
+    /// The sandbox image under test (`MANGO_TEST_SANDBOX_IMAGE`, which
+    /// `make test` builds first as `mango-sandbox:test`; default
+    /// `mango-sandbox:dev`).
     pub image: String,
     /// What `host-gateway` resolves to in a sandbox: where the test's api
     /// listens for them.
