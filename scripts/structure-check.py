@@ -4,6 +4,8 @@
 * Session event types are spelled only in protocol/ (and in tests, and in SQL).
 * The api's SQL lives under api/src/store/ only.
 * The runner's binary links no server, database, Kubernetes or Docker crate.
+* The supervisor's core (controller/src/core/) names no engine: no bollard,
+  kube or k8s-openapi, and no launcher module; launchers are adapters of it.
 
 Prints every breach with its place and exits 1 if there is one.
 """
@@ -65,6 +67,11 @@ def main() -> int:
             for n, line in enumerate(code.splitlines(), 1):
                 if SQL_CALL.search(line):
                     breaches.append(f"{rel}:{n}: SQL outside api/src/store/")
+    engine = re.compile(r"\b(?:bollard|kube|k8s_openapi)::|crate::(?:docker|local|kubernetes)\b")
+    for path in sorted((ROOT / "controller" / "src" / "core").rglob("*.rs")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if engine.search(line):
+                breaches.append(f"{path.relative_to(ROOT)}:{n}: the supervisor core names an engine or launcher")
     tree = subprocess.run(
         ["cargo", "tree", "-p", "mango-runner", "-e", "normal", "--prefix", "none"],
         cwd=ROOT, capture_output=True, text=True, check=True,
@@ -77,7 +84,7 @@ def main() -> int:
     if breaches:
         print(f"{len(breaches)} layout breach(es); see docs/architecture.md", file=sys.stderr)
         return 1
-    print("layout: event types only in protocol/, SQL only in api/src/store/, a lean runner")
+    print("layout: event types only in protocol/, SQL only in api/src/store/, a lean runner, an engine-free supervisor core")
     return 0
 
 
