@@ -114,14 +114,18 @@ async fn send_events(
     headers: HeaderMap,
     RawBody(bytes): RawBody,
 ) -> ApiResult<Json<SentEventBodies>> {
-    let SendEvents { events } = body(&bytes)?;
-    let mut raw = Some(events);
+    // The body is read only once the caller is known: a bad credential is
+    // 401 whatever it sent.
+    let parse = || -> ApiResult<_> {
+        let SendEvents { events } = body(&bytes)?;
+        event_shapes::check_all(events)
+    };
     let mut checked = None;
     let mut conn = ctx.db.acquire().await?;
     // A worker's next result, with the claim this process just saw.
     if let Some(work) = auth::recent_claim(&ctx, &headers) {
         if worker_may_use(&work, &id, "Sending events").is_ok() {
-            let events = event_shapes::check_all(raw.take().unwrap_or_default())?;
+            let events = parse()?;
             if let Some(admitted) =
                 admission::admit_worker_result(&mut conn, &work, &id, &events).await?
             {
@@ -143,9 +147,9 @@ async fn send_events(
             ))
         }
     };
-    let events = match (checked, raw) {
-        (Some(events), _) => events,
-        (None, raw) => event_shapes::check_all(raw.unwrap_or_default())?,
+    let events = match checked {
+        Some(events) => events,
+        None => parse()?,
     };
     if let Some(work) = &claim {
         if let Some(admitted) =

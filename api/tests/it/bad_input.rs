@@ -1246,3 +1246,29 @@ async fn out_of_range_cursors_are_400_invalid_cursor_on_every_list(db: sqlx::PgP
     }
     assert_eq!(stored(&app).await, before);
 }
+
+/// The caller is known before its body is read: a bad credential is 401
+/// whatever the body holds (bad JSON, a NUL, an unknown event type).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn sending_events_with_a_bad_credential_is_401_whatever_the_body(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let session = app.create_session().await;
+    let path = format!("/v1/sessions/{session}/events");
+    for body in [
+        "{not json",
+        r#"{"events":[{"type":"user.message","content":[{"type":"text","text":"a\u0000b"}]}]}"#,
+        r#"{"events":[{"type":"user.nonsense"}]}"#,
+    ] {
+        for credential in ["mango_wsk_unknown", "mango_st_unknown"] {
+            let r = app
+                .call_raw(Method::POST, &path, Some(credential), body)
+                .await;
+            assert_eq!(r.status, 401, "{credential} with {body}: {}", r.body);
+        }
+    }
+    // With a good key the same bodies are the caller's errors.
+    let r = app
+        .call_raw(Method::POST, &path, Some(&app.ws_key), "{not json")
+        .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+}
