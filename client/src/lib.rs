@@ -13,7 +13,8 @@ pub use sse::{EventStream, StreamFrame};
 use mango_protocol::events::{Event, SentEvent};
 use mango_protocol::sessions::Session;
 use mango_protocol::{
-    Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work, WorkClaims, NO_HEARTBEAT,
+    DeletedSessions, Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work,
+    WorkClaims, NO_HEARTBEAT,
 };
 use rand::Rng;
 use reqwest::{Method, StatusCode};
@@ -457,6 +458,23 @@ impl Client {
         self.json(
             Method::GET,
             &Self::work_path(environment_id, "/claims"),
+            &query,
+            None,
+        )
+        .await
+    }
+
+    /// Which of the Sessions `ids` no longer exist in the Environment
+    /// (Mango's extension, Environment key).
+    pub async fn deleted_sessions(
+        &self,
+        environment_id: &str,
+        ids: &[String],
+    ) -> Result<DeletedSessions> {
+        let query: Vec<(&str, String)> = ids.iter().map(|id| ("ids[]", id.clone())).collect();
+        self.json(
+            Method::GET,
+            &format!("/v1/environments/{environment_id}/sessions/deleted"),
             &query,
             None,
         )

@@ -178,6 +178,16 @@ pub struct ClaimState {
     pub lease_lost: bool,
 }
 
+/// Mango's extension for supervisors (`GET …/sessions/deleted`,
+/// Environment key): which of the Session ids asked about name no Session
+/// of the Environment any more, so their workspaces (volumes, PVCs) can go.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeletedSessions {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub data: Vec<String>,
+}
+
 /// The decoded Work secret: URL-safe base64 (no padding) of this JSON.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WorkSecret {

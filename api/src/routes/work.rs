@@ -12,6 +12,7 @@ use crate::service::fail as fail_service;
 use crate::service::poll::{self, PollRequest};
 use crate::service::work::{self as work_service, Beat, Fence};
 use crate::store::cursor;
+use crate::store::sessions;
 use crate::store::work::{self, WorkRow};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -21,8 +22,9 @@ use axum::{Json, Router};
 use chrono::Duration;
 use mango_protocol::time;
 use mango_protocol::{
-    CheckResult, ClaimState, CreateWork, ErrorCode, FailWork, HeartbeatParams, HeartbeatResponse,
-    Page, QueueStats, StopWork, UpdateWork, Work, WorkClaims, WorkData, WorkResult, NO_HEARTBEAT,
+    CheckResult, ClaimState, CreateWork, DeletedSessions, ErrorCode, FailWork, HeartbeatParams,
+    HeartbeatResponse, Page, QueueStats, StopWork, UpdateWork, Work, WorkClaims, WorkData,
+    WorkResult, NO_HEARTBEAT,
 };
 
 pub const MAX_RESULT_MESSAGE_CHARS: usize = 1024;
@@ -35,6 +37,10 @@ pub fn router() -> Router<ApiContext> {
         .route("/v1/environments/{env}/work/poll", get(poll))
         .route("/v1/environments/{env}/work/stats", get(stats))
         .route("/v1/environments/{env}/work/claims", get(claims))
+        .route(
+            "/v1/environments/{env}/sessions/deleted",
+            get(deleted_sessions),
+        )
         .route(
             "/v1/environments/{env}/work/{work}",
             get(retrieve).post(update),
@@ -243,6 +249,45 @@ async fn claims(
         .collect();
     Ok(Json(WorkClaims {
         kind: "work_claims".into(),
+        data,
+    }))
+}
+
+/// Deleted Sessions (Environment key; Mango's extension): which of the
+/// Session ids `ids[]` name no Session of this Environment now, so a
+/// supervisor can remove the workspaces it keeps for them. It says nothing
+/// of a Session but whether it still exists here.
+async fn deleted_sessions(
+    State(ctx): State<ApiContext>,
+    Path(env): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> ApiResult<Json<DeletedSessions>> {
+    let mut conn = ctx.db.acquire().await?;
+    authenticate(&ctx, &mut conn, &headers)
+        .await?
+        .environment_key(&env, "Reading deleted Sessions")?;
+    let params = Params::parse(query.as_deref())?;
+    let ids: Vec<String> = params
+        .all("ids[]")
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    if ids.len() > MAX_CLAIMS_PER_REQUEST {
+        return Err(ApiError::invalid_parameter(format!(
+            "{} ids[] in one request; at most {MAX_CLAIMS_PER_REQUEST} are allowed",
+            ids.len()
+        )));
+    }
+    let existing = sessions::existing_in(&mut *conn, &env, &ids).await?;
+    let mut data: Vec<String> = ids
+        .into_iter()
+        .filter(|id| !existing.contains(id))
+        .collect();
+    data.sort();
+    data.dedup();
+    Ok(Json(DeletedSessions {
+        kind: "deleted_sessions".into(),
         data,
     }))
 }

@@ -226,6 +226,19 @@ pub async fn delete(db: impl PgExecutor<'_>, workspace_id: &str, id: &str) -> sq
 }
 
 /// The Session's live (not stopped) Work item, if any.
+/// Which of `ids` are Sessions of Environment `environment_id` now.
+pub async fn existing_in(
+    db: impl PgExecutor<'_>,
+    environment_id: &str,
+    ids: &[String],
+) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar("SELECT id FROM sessions WHERE environment_id = $1 AND id = ANY($2)")
+        .bind(environment_id)
+        .bind(ids)
+        .fetch_all(db)
+        .await
+}
+
 pub async fn has_live_work(db: impl PgExecutor<'_>, session_id: &str) -> sqlx::Result<bool> {
     let row: Option<(i32,)> =
         sqlx::query_as("SELECT 1 FROM work WHERE session_id = $1 AND kind = 'session' AND state <> 'stopped' LIMIT 1")

@@ -1661,3 +1661,69 @@ async fn claims_report_a_lease_that_ran_out(db: sqlx::PgPool) {
         "nothing is stopped: {states:?}"
     );
 }
+
+async fn deleted_sessions(app: &TestApp, credential: &str, ids: &[&str]) -> Reply {
+    let query: Vec<String> = ids
+        .iter()
+        .map(|id| format!("ids%5B%5D={}", urlencode(id)))
+        .collect();
+    app.call(
+        Method::GET,
+        &format!(
+            "/v1/environments/{}/sessions/deleted?{}",
+            app.env_id,
+            query.join("&")
+        ),
+        Some(credential),
+        None,
+    )
+    .await
+}
+
+/// A supervisor learns which Sessions it keeps workspaces for are gone:
+/// deleted ones and ids that name no Session of its Environment, never a
+/// live one. Operators and other Environments' keys are refused.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn deleted_sessions_name_the_gone_and_never_the_live(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let live = app.create_session().await;
+    let doomed = app.create_session().await;
+    let r = deleted_sessions(&app, &app.env_key, &[&live, &doomed, "sesn_never"]).await;
+    r.expect(200);
+    assert_eq!(
+        r.body,
+        json!({"type": "deleted_sessions", "data": ["sesn_never"]})
+    );
+    app.call(
+        Method::DELETE,
+        &format!("/v1/sessions/{doomed}"),
+        Some(&app.ws_key),
+        None,
+    )
+    .await
+    .expect(200);
+    let r = deleted_sessions(&app, &app.env_key, &[&live, &doomed, &doomed]).await;
+    assert_eq!(r.body["data"], json!([doomed]));
+    // A key of another Environment is refused.
+    let elsewhere = app.create_environment("elsewhere").await;
+    let (_, elsewhere_key) = app.environment_key(&elsewhere).await;
+    let r = deleted_sessions(&app, &elsewhere_key, &[&live]).await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_error(
+        &deleted_sessions(&app, &app.ws_key, &[&live]).await,
+        403,
+        "permission_error",
+        None,
+    );
+    let many: Vec<String> = (0..101).map(|i| format!("sesn_{i}")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert_error(
+        &deleted_sessions(&app, &app.env_key, &refs).await,
+        400,
+        "invalid_request_error",
+        Some("invalid_parameter"),
+    );
+    deleted_sessions(&app, &app.env_key, &refs[..100])
+        .await
+        .expect(200);
+}
