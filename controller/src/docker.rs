@@ -22,8 +22,8 @@ use bollard::models::{
     NetworkCreateRequest, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
-    StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -199,7 +199,11 @@ impl DockerLauncher {
 
     /// The workspace mount: the Session's named volume, made if missing (an
     /// existing one is kept as it is).
-    async fn session_mount(&self, session_id: &str) -> Result<Mount, LaunchError> {
+    async fn session_mount(
+        &self,
+        session_id: &str,
+        environment_id: &str,
+    ) -> Result<Mount, LaunchError> {
         let name = session_volume(session_id);
         self.docker
             .create_volume(VolumeCreateOptions {
@@ -207,6 +211,10 @@ impl DockerLauncher {
                 driver: Some(self.args.volume_driver.clone()),
                 labels: Some(HashMap::from([
                     (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
+                    (
+                        naming::LABEL_ENVIRONMENT_ID.to_string(),
+                        environment_id.to_string(),
+                    ),
                     (
                         naming::LABEL_MANAGED_BY.to_string(),
                         naming::MANAGED_BY.to_string(),
@@ -322,7 +330,10 @@ impl Launcher for DockerLauncher {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
         let workspace = match &spec.item.session_id {
-            Some(session) => Some(self.session_mount(session).await?),
+            Some(session) => Some(
+                self.session_mount(session, &spec.item.environment_id)
+                    .await?,
+            ),
             None => None,
         };
         let created = self
@@ -429,6 +440,42 @@ impl Launcher for DockerLauncher {
             Err(err) if status_of(&err) == Some(404) => Ok(()),
             // 409: a removal already in progress; it will finish.
             Err(err) if status_of(&err) == Some(409) => Ok(()),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+                format!("{}={environment_id}", naming::LABEL_ENVIRONMENT_ID),
+            ],
+        )]);
+        let listed = self
+            .docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(launch_error)?;
+        Ok(listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| v.labels.get(naming::LABEL_SESSION_ID).cloned())
+            .collect())
+    }
+
+    async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
+        let name = session_volume(session_id);
+        match self
+            .docker
+            .remove_volume(&name, None::<RemoveVolumeOptions>)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
             Err(err) => Err(launch_error(err)),
         }
     }

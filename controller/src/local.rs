@@ -336,6 +336,25 @@ impl Launcher for LocalLauncher {
             Err(e) => Err(LaunchError::Failed(format!("{}: {e}", sandbox.name))),
         }
     }
+
+    /// Every Session folder under `<root>/sessions` (a root serves one
+    /// Environment).
+    async fn workspaces(&self, _environment_id: &str) -> Result<Vec<String>, LaunchError> {
+        let dir = self.root.join("sessions");
+        let entries = std::fs::read_dir(&dir).map_err(|e| LaunchError::Unavailable {
+            engine: ENGINE,
+            message: format!("{}: {e}", dir.display()),
+        })?;
+        Ok(entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect())
+    }
+
+    async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
+        remove_dir(&self.root.join("sessions").join(session_id))
+    }
 }
 
 fn remove_dir(dir: &Path) -> Result<(), LaunchError> {

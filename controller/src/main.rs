@@ -192,7 +192,7 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
     }
     tracing::info!(launcher = kind, environment_id = %common.environment_id, "supervisor polling");
     match supervisor.run(shutdown_signal()).await {
-        RunEnd::Shutdown => ExitCode::SUCCESS,
+        RunEnd::Shutdown | RunEnd::Detached => ExitCode::SUCCESS,
         RunEnd::KeyRefused(why) => {
             eprintln!("mango-worker: the api no longer accepts MANGO_ENVIRONMENT_KEY ({why}); stopped polling");
             ExitCode::from(3)

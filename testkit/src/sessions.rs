@@ -55,6 +55,18 @@ impl TestApp {
         r.body["id"].as_str().unwrap().to_string()
     }
 
+    /// Deletes Session `id` with the Workspace key (it must have no live Work).
+    pub async fn delete_session(&self, id: &str) {
+        self.call(
+            Method::DELETE,
+            &format!("/v1/sessions/{id}"),
+            Some(&self.ws_key),
+            None,
+        )
+        .await
+        .expect(200);
+    }
+
     /// `POST /v1/sessions/{id}/events` with `credential`.
     pub async fn send_as(&self, session: &str, credential: &str, events: Value) -> Reply {
         self.call(

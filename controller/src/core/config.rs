@@ -21,6 +21,9 @@ pub struct Config {
     pub healthcheck_attempt: Duration,
     /// Each request to the engine while reconciling or cleaning up (spec §7: 15 s).
     pub request_bound: Duration,
+    /// From a created sandbox to its secret delivered: starting it and the
+    /// hand-off (a Pod may first wait for its image and a node).
+    pub hand_off_bound: Duration,
     /// After SIGTERM, running items get this long to finish before their
     /// sandboxes are removed.
     pub shutdown_grace: Duration,
@@ -30,6 +33,8 @@ pub struct Config {
     /// A `stopping` item's runner gets this long to notice and exit before
     /// its sandbox is removed.
     pub stopping_grace: Duration,
+    /// How often the workspaces of deleted Sessions are looked for and removed.
+    pub workspace_sweep_every: Duration,
     /// First pause after a failed Poll; doubles (with jitter) up to `max_backoff`.
     pub first_backoff: Duration,
     pub max_backoff: Duration,
@@ -46,9 +51,11 @@ impl Config {
             worker_id: default_worker_id(),
             healthcheck_attempt: Duration::from_secs(30),
             request_bound: Duration::from_secs(15),
+            hand_off_bound: Duration::from_secs(15),
             shutdown_grace: Duration::from_secs(30),
             claims_every: Duration::from_secs(2),
             stopping_grace: Duration::from_secs(5),
+            workspace_sweep_every: Duration::from_secs(300),
             first_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
         }

@@ -46,7 +46,8 @@ pub struct Sandbox {
 #[derive(Debug, Clone)]
 pub struct Found {
     pub sandbox: Sandbox,
-    /// Still running (the supervisor may adopt it); otherwise it exited.
+    /// Running with its secret delivered (the supervisor may adopt it);
+    /// otherwise it exited, or never got its secret, and is removed.
     pub running: bool,
 }
 
@@ -127,4 +128,18 @@ pub trait Launcher: Send + Sync + 'static {
     /// its Work was stopped or reclaimed), keeping a Session's workspace.
     /// A sandbox already gone is removed.
     fn remove(&self, sandbox: &Sandbox) -> impl Future<Output = Result<(), LaunchError>> + Send;
+
+    /// The Sessions of Environment `environment_id` this launcher keeps a
+    /// workspace for (a volume, a PVC, a folder).
+    fn workspaces(
+        &self,
+        environment_id: &str,
+    ) -> impl Future<Output = Result<Vec<String>, LaunchError>> + Send;
+
+    /// Removes Session `session_id`'s workspace, whose Session is deleted.
+    /// A workspace already gone is removed.
+    fn remove_workspace(
+        &self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<(), LaunchError>> + Send;
 }

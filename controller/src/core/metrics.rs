@@ -5,6 +5,7 @@ use crate::core::stages::{Stage, Stamps};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
+use std::time::SystemTime;
 
 /// Upper bounds (seconds) of the stage histograms' buckets.
 const BUCKETS: [f64; 14] = [
@@ -74,6 +75,8 @@ pub struct Metrics {
     pub poll_errors: AtomicU64,
     pub removal_errors: AtomicU64,
     pub live: AtomicI64,
+    last_poll_ok: Mutex<Option<SystemTime>>,
+    last_error: Mutex<Option<(SystemTime, String)>>,
 }
 
 impl Metrics {
@@ -89,75 +92,150 @@ impl Metrics {
         self.outcomes[outcome as usize].fetch_add(1, Relaxed);
     }
 
+    /// The text exposition of this supervisor's metrics.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP mango_supervisor_stage_seconds Time from an item's previous stage to this one (acked, created, started, delivered, exited, gone).\n# TYPE mango_supervisor_stage_seconds histogram"
-        );
-        let stages = self.stages.lock().expect("metrics lock");
+        render_pools(&[(None, self)])
+    }
+
+    pub fn note_poll_ok(&self) {
+        *self.last_poll_ok.lock().expect("metrics lock") = Some(SystemTime::now());
+    }
+
+    pub fn note_error(&self, error: String) {
+        *self.last_error.lock().expect("metrics lock") = Some((SystemTime::now(), error));
+    }
+
+    /// Where the supervisor stands, for a status report.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            live: self.live.load(Relaxed).max(0) as u64,
+            last_poll_ok: *self.last_poll_ok.lock().expect("metrics lock"),
+            last_error: self.last_error.lock().expect("metrics lock").clone(),
+            poll_errors: self.poll_errors.load(Relaxed),
+            removal_errors: self.removal_errors.load(Relaxed),
+        }
+    }
+}
+
+/// A supervisor's state at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub live: u64,
+    /// When a Poll last succeeded (an answer, with an item or none).
+    pub last_poll_ok: Option<SystemTime>,
+    /// The latest failure (a poll, a launch, a removal), and when.
+    pub last_error: Option<(SystemTime, String)>,
+    pub poll_errors: u64,
+    pub removal_errors: u64,
+}
+
+/// The metrics of several supervisors in one exposition, each series
+/// labelled with its `pool` (no label for `None`): one HELP and TYPE per
+/// family, as the format requires.
+pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
+    let label = |pool: Option<&str>, more: &str| -> String {
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(pool) = pool {
+            parts.push(format!("pool=\"{}\"", escape(pool)));
+        }
+        if !more.is_empty() {
+            parts.push(more.to_string());
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!("{{{}}}", parts.join(","))
+        }
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP mango_supervisor_stage_seconds Time from an item's previous stage to this one (acked, created, started, delivered, exited, gone).\n# TYPE mango_supervisor_stage_seconds histogram"
+    );
+    for (pool, metrics) in pools {
+        let stages = metrics.stages.lock().expect("metrics lock");
         for stage in Stage::ALL.into_iter().skip(1) {
             let h = &stages[stage as usize];
             let name = stage.as_str();
             for (bound, count) in BUCKETS.iter().zip(h.counts) {
                 let _ = writeln!(
                     out,
-                    "mango_supervisor_stage_seconds_bucket{{stage=\"{name}\",le=\"{bound}\"}} {count}"
+                    "mango_supervisor_stage_seconds_bucket{} {count}",
+                    label(*pool, &format!("stage=\"{name}\",le=\"{bound}\""))
                 );
             }
+            let stage_label = label(*pool, &format!("stage=\"{name}\""));
             let _ = writeln!(
                 out,
-                "mango_supervisor_stage_seconds_bucket{{stage=\"{name}\",le=\"+Inf\"}} {}\nmango_supervisor_stage_seconds_sum{{stage=\"{name}\"}} {}\nmango_supervisor_stage_seconds_count{{stage=\"{name}\"}} {}",
-                h.count, h.sum, h.count
+                "mango_supervisor_stage_seconds_bucket{} {}\nmango_supervisor_stage_seconds_sum{stage_label} {}\nmango_supervisor_stage_seconds_count{stage_label} {}",
+                label(*pool, &format!("stage=\"{name}\",le=\"+Inf\"")),
+                h.count,
+                h.sum,
+                h.count
             );
         }
-        drop(stages);
-        let _ = writeln!(
-            out,
-            "# HELP mango_supervisor_items_total Items by how they ended.\n# TYPE mango_supervisor_items_total counter"
-        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mango_supervisor_items_total Items by how they ended.\n# TYPE mango_supervisor_items_total counter"
+    );
+    for (pool, metrics) in pools {
         for outcome in Outcome::ALL {
             let _ = writeln!(
                 out,
-                "mango_supervisor_items_total{{outcome=\"{}\"}} {}",
-                outcome.as_str(),
-                self.outcomes[outcome as usize].load(Relaxed)
+                "mango_supervisor_items_total{} {}",
+                label(*pool, &format!("outcome=\"{}\"", outcome.as_str())),
+                metrics.outcomes[outcome as usize].load(Relaxed)
             );
         }
-        for (name, help, value) in [
-            (
-                "mango_supervisor_polls_total",
-                "Polls answered.",
-                self.polls.load(Relaxed),
-            ),
-            (
-                "mango_supervisor_empty_polls_total",
-                "Polls that found no item.",
-                self.empty_polls.load(Relaxed),
-            ),
-            (
-                "mango_supervisor_poll_errors_total",
-                "Polls that failed (then backed off).",
-                self.poll_errors.load(Relaxed),
-            ),
-            (
-                "mango_supervisor_removal_errors_total",
-                "Sandbox removals the engine did not confirm.",
-                self.removal_errors.load(Relaxed),
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
+    }
+    let counters: [(&str, &str, fn(&Metrics) -> u64); 4] = [
+        ("mango_supervisor_polls_total", "Polls answered.", |m| {
+            m.polls.load(Relaxed)
+        }),
+        (
+            "mango_supervisor_empty_polls_total",
+            "Polls that found no item.",
+            |m| m.empty_polls.load(Relaxed),
+        ),
+        (
+            "mango_supervisor_poll_errors_total",
+            "Polls that failed (then backed off).",
+            |m| m.poll_errors.load(Relaxed),
+        ),
+        (
+            "mango_supervisor_removal_errors_total",
+            "Sandbox removals the engine did not confirm.",
+            |m| m.removal_errors.load(Relaxed),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (pool, metrics) in pools {
+            let _ = writeln!(out, "{name}{} {}", label(*pool, ""), value(metrics));
         }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mango_supervisor_live_sandboxes Sandboxes the supervisor runs now.\n# TYPE mango_supervisor_live_sandboxes gauge"
+    );
+    for (pool, metrics) in pools {
         let _ = writeln!(
             out,
-            "# HELP mango_supervisor_live_sandboxes Sandboxes the supervisor runs now.\n# TYPE mango_supervisor_live_sandboxes gauge\nmango_supervisor_live_sandboxes {}",
-            self.live.load(Relaxed)
+            "mango_supervisor_live_sandboxes{} {}",
+            label(*pool, ""),
+            metrics.live.load(Relaxed)
         );
-        out
     }
+    out
+}
+
+/// A label value in the exposition format.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -185,5 +263,23 @@ mod tests {
         assert!(text.contains("mango_supervisor_stage_seconds_count{stage=\"acked\"} 1"));
         assert!(text.contains("mango_supervisor_stage_seconds_count{stage=\"gone\"} 0"));
         assert!(text.contains("mango_supervisor_items_total{outcome=\"finished\"} 1"));
+    }
+
+    #[test]
+    fn several_pools_share_one_help_per_family_and_label_their_series() {
+        let (a, b) = (Metrics::default(), Metrics::default());
+        a.outcome(Outcome::Finished);
+        b.live.store(3, Relaxed);
+        let text = render_pools(&[(Some("a"), &a), (Some("b\"q"), &b)]);
+        assert_eq!(
+            text.matches("# HELP mango_supervisor_items_total").count(),
+            1
+        );
+        assert!(text.contains("mango_supervisor_items_total{pool=\"a\",outcome=\"finished\"} 1"));
+        assert!(
+            text.contains("mango_supervisor_live_sandboxes{pool=\"b\\\"q\"} 3"),
+            "{text}"
+        );
+        assert!(text.contains("mango_supervisor_stage_seconds_count{pool=\"a\",stage=\"acked\"} 0"));
     }
 }

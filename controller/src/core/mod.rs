@@ -6,6 +6,7 @@ pub mod config;
 pub mod launcher;
 pub mod metrics;
 pub mod naming;
+pub mod observer;
 pub mod secret;
 pub mod stages;
 pub mod supervisor;

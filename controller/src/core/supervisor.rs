@@ -13,6 +13,7 @@ use crate::core::launcher::{
 };
 use crate::core::metrics::{Metrics, Outcome};
 use crate::core::naming;
+use crate::core::observer::{Happening, Observer, Quiet};
 use crate::core::secret::Secret;
 use crate::core::stages::{Stage, Stamps};
 use mango_client::{Client, ClientError, RetryPolicy};
@@ -43,11 +44,25 @@ pub enum StartError {
     },
 }
 
+/// How to stop a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Stop polling, let running items finish within the shutdown grace,
+    /// then remove what is left (SIGTERM of `mango-worker docker|local`).
+    Drain,
+    /// Stop polling and leave every sandbox as it is, for the next
+    /// supervisor of the pool to adopt (a Kubernetes controller that is
+    /// replaced, loses its leadership, or sees its pool change).
+    Detach,
+}
+
 /// How a run ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RunEnd {
     /// Asked to stop (SIGTERM); every sandbox was finished or removed.
     Shutdown,
+    /// Asked to detach: sandboxes were left running for a successor.
+    Detached,
     /// The api stopped accepting the key (revoked meanwhile).
     KeyRefused(String),
 }
@@ -65,6 +80,7 @@ enum Verdict {
 
 struct LiveItem {
     claim: i64,
+    session_id: Option<String>,
     verdict: watch::Sender<Verdict>,
 }
 
@@ -76,6 +92,7 @@ struct Shared<L> {
     /// Ack and claims, with retries.
     ops: Client,
     metrics: Arc<Metrics>,
+    observer: Arc<dyn Observer>,
     live: Mutex<HashMap<String, LiveItem>>,
     slots: Arc<Semaphore>,
     /// Set on shutdown once the grace is over: every sandbox goes now.
@@ -100,6 +117,7 @@ impl<L: Launcher> Supervisor<L> {
                 poller,
                 ops,
                 metrics: Arc::default(),
+                observer: Arc::new(Quiet),
                 live: Mutex::default(),
                 slots,
                 force: CancellationToken::new(),
@@ -110,6 +128,14 @@ impl<L: Launcher> Supervisor<L> {
 
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
+    }
+
+    /// Tells `observer` of launches, failures and removals (before `run`).
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Supervisor<L> {
+        Arc::get_mut(&mut self.shared)
+            .expect("an observer is set before the supervisor runs")
+            .observer = observer;
+        self
     }
 
     /// Refuses a Workspace key, a key the api does not accept, and a key of
@@ -147,19 +173,42 @@ impl<L: Launcher> Supervisor<L> {
 
     /// Runs until `shutdown` resolves (then drains) or the api refuses the key.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> RunEnd {
+        self.run_until(async {
+            shutdown.await;
+            Stop::Drain
+        })
+        .await
+    }
+
+    /// Runs until `stop` resolves, then drains or detaches as it says, or
+    /// until the api refuses the key (then drains).
+    pub async fn run_until(self, stop: impl Future<Output = Stop> + Send) -> RunEnd {
         let shared = self.shared.clone();
         let mut items = JoinSet::new();
         shared.reconcile(&mut items).await;
         let watcher = tokio::spawn(shared.clone().watch_claims());
-        tokio::pin!(shutdown);
-        let end = tokio::select! {
-            end = shared.clone().poll_loop(&mut items) => end,
-            _ = &mut shutdown => RunEnd::Shutdown,
+        let sweeper = tokio::spawn(shared.clone().sweep_workspaces());
+        tokio::pin!(stop);
+        let (end, how) = tokio::select! {
+            end = shared.clone().poll_loop(&mut items) => (end, Stop::Drain),
+            how = &mut stop => (RunEnd::Shutdown, how),
         };
+        watcher.abort();
+        sweeper.abort();
+        if how == Stop::Detach {
+            tracing::info!(
+                live = shared.live_count(),
+                "no longer polling; leaving running sandboxes to the next supervisor"
+            );
+            items.abort_all();
+            while items.join_next().await.is_some() {}
+            return RunEnd::Detached;
+        }
         tracing::info!(
             live = shared.live_count(),
             "no longer polling; letting running items finish"
         );
+        let watcher = tokio::spawn(shared.clone().watch_claims());
         shared.drain(&mut items).await;
         watcher.abort();
         end
@@ -193,20 +242,25 @@ impl<L: Launcher> Shared<L> {
             match polled {
                 Ok(Some(work)) => {
                     backoff.reset();
+                    self.metrics.note_poll_ok();
                     self.metrics.polls.fetch_add(1, Relaxed);
                     items.spawn(self.clone().run_item(work, at, permit));
                 }
                 Ok(None) => {
                     backoff.reset();
+                    self.metrics.note_poll_ok();
                     self.metrics.polls.fetch_add(1, Relaxed);
                     self.metrics.empty_polls.fetch_add(1, Relaxed);
                 }
                 Err(err) if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403)) => {
+                    self.metrics
+                        .note_error(format!("the api refused the Environment key: {err}"));
                     tracing::error!(error = %err, "the api refused the Environment key; no longer polling");
                     return RunEnd::KeyRefused(err.to_string());
                 }
                 Err(err) => {
                     self.metrics.poll_errors.fetch_add(1, Relaxed);
+                    self.metrics.note_error(format!("poll failed: {err}"));
                     drop(permit);
                     let pause = backoff.next();
                     tracing::warn!(error = %err, ?pause, "poll failed; backing off");
@@ -242,6 +296,7 @@ impl<L: Launcher> Shared<L> {
             let permit = self.slots.clone().try_acquire_owned().ok();
             let verdict = self.register(&sandbox.item);
             self.metrics.outcome(Outcome::Adopted);
+            self.observer.observe(Happening::Adopted(&sandbox));
             let shared = self.clone();
             items.spawn(async move {
                 let mut stamps = Stamps::default();
@@ -258,6 +313,7 @@ impl<L: Launcher> Shared<L> {
             item.work_id.clone(),
             LiveItem {
                 claim: item.claim,
+                session_id: item.session_id.clone(),
                 verdict: tx,
             },
         );
@@ -306,32 +362,45 @@ impl<L: Launcher> Shared<L> {
             },
         };
         let verdict = self.register(&item);
-        let outcome = self.launch(&item, secret, verdict, &mut stamps).await;
+        let outcome = match self.launch(&item, secret, verdict, &mut stamps).await {
+            Ok(outcome) => outcome,
+            Err(failure) => {
+                self.metrics
+                    .note_error(format!("{}: {failure}", item.work_id));
+                self.observer.observe(Happening::LaunchFailed {
+                    item: &item,
+                    error: &failure,
+                });
+                Outcome::LaunchFailed
+            }
+        };
         self.metrics.outcome(outcome);
         self.finish(&item, &stamps);
         drop(permit);
     }
 
+    /// Ack, create, hand-off, then watch; `Err` says why the launch failed
+    /// (the item is then left to its lease).
     async fn launch(
         self: &Arc<Self>,
         item: &ItemIdentity,
         secret: Option<Secret>,
         mut verdict: watch::Receiver<Verdict>,
         stamps: &mut Stamps,
-    ) -> Outcome {
+    ) -> Result<Outcome, String> {
         let work_id = &item.work_id;
         let Some(secret) = secret else {
             tracing::error!(%work_id, "Poll answered an item without a secret");
-            return Outcome::LaunchFailed;
+            return Err("Poll answered an item without a secret".into());
         };
         if item.claim == 0 {
             tracing::error!(%work_id, "Poll did not name its claim: this api is older than the supervisor");
-            return Outcome::LaunchFailed;
+            return Err("Poll did not name its claim (an api older than the supervisor)".into());
         }
         if let Err(err) = self.ops.ack(&item.environment_id, work_id).await {
             // A stopped item (409) is nobody's now; anything else: the claim expires.
             tracing::warn!(%work_id, error = %err, "ack failed; the item is left to its lease");
-            return Outcome::LaunchFailed;
+            return Err(format!("ack failed: {err}"));
         }
         stamps.mark(Stage::Acked);
         let spec = SandboxSpec {
@@ -347,17 +416,17 @@ impl<L: Launcher> Shared<L> {
             Ok(Err(LaunchError::AlreadyExists(name))) => {
                 // Only this claim could have made it: never a second sandbox.
                 tracing::error!(%work_id, sandbox = %name, "a sandbox for this claim exists already; not starting another");
-                return Outcome::LaunchFailed;
+                return Err(format!("a sandbox for this claim exists already ({name})"));
             }
             Ok(Err(err)) => {
                 tracing::error!(%work_id, sandbox = %spec.name, error = %err, "could not create the sandbox; the item is left to its lease");
-                return Outcome::LaunchFailed;
+                return Err(format!("could not create the sandbox: {err}"));
             }
             Err(_) => {
                 tracing::error!(%work_id, sandbox = %spec.name, "creating the sandbox timed out; the item is left to its lease");
                 // It may exist by now.
                 self.remove_named(&spec).await;
-                return Outcome::LaunchFailed;
+                return Err("creating the sandbox timed out".into());
             }
         };
         stamps.mark(Stage::Created);
@@ -367,33 +436,48 @@ impl<L: Launcher> Shared<L> {
             drop(secret);
             self.remove(&sandbox).await;
             stamps.mark(Stage::Gone);
-            return Outcome::Cancelled;
+            self.observer.observe(Happening::Removed {
+                sandbox: &sandbox,
+                outcome: Outcome::Cancelled,
+            });
+            return Ok(Outcome::Cancelled);
         }
         let handed = tokio::time::timeout(
-            self.config.request_bound,
+            self.hand_off_bound(item, stamps),
             self.launcher.hand_off(&sandbox, secret),
         )
         .await;
-        match handed {
+        let failed = match handed {
             Ok(Ok(handed)) => {
                 stamps.mark_at(Stage::Started, handed.started);
                 stamps.mark_at(Stage::Delivered, handed.delivered);
+                None
             }
-            Ok(Err(err)) => {
-                tracing::error!(%work_id, sandbox = %sandbox.name, error = %err, "the hand-off failed; removing the sandbox, the item is left to its lease");
-                self.remove(&sandbox).await;
-                stamps.mark(Stage::Gone);
-                return Outcome::LaunchFailed;
-            }
-            Err(_) => {
-                tracing::error!(%work_id, sandbox = %sandbox.name, "the hand-off timed out; removing the sandbox, the item is left to its lease");
-                self.remove(&sandbox).await;
-                stamps.mark(Stage::Gone);
-                return Outcome::LaunchFailed;
-            }
+            Ok(Err(err)) => Some(format!("the hand-off failed: {err}")),
+            Err(_) => Some("the hand-off timed out".to_string()),
+        };
+        if let Some(failure) = failed {
+            tracing::error!(%work_id, sandbox = %sandbox.name, error = %failure, "removing the sandbox; the item is left to its lease");
+            self.remove(&sandbox).await;
+            stamps.mark(Stage::Gone);
+            return Err(failure);
         }
+        self.observer.observe(Happening::Launched(&sandbox));
         let _ = verdict.borrow_and_update();
-        self.watch(&sandbox, verdict, stamps).await
+        Ok(self.watch(&sandbox, verdict, stamps).await)
+    }
+
+    /// How long a hand-off may take: the launcher's start bound, and for a
+    /// healthcheck no longer than what is left of its attempt.
+    fn hand_off_bound(&self, item: &ItemIdentity, stamps: &Stamps) -> Duration {
+        let bound = self.config.hand_off_bound;
+        match (item.work_type, stamps.get(Stage::Created)) {
+            (WorkType::Healthcheck, Some(created)) => bound.min(
+                (created + self.config.healthcheck_attempt)
+                    .saturating_duration_since(Instant::now()),
+            ),
+            _ => bound,
+        }
     }
 
     /// Until the runner exits, its Work is stopped or reclaimed, a
@@ -475,6 +559,8 @@ impl<L: Launcher> Shared<L> {
         };
         self.remove(sandbox).await;
         stamps.mark(Stage::Gone);
+        self.observer
+            .observe(Happening::Removed { sandbox, outcome });
         outcome
     }
 
@@ -493,6 +579,12 @@ impl<L: Launcher> Shared<L> {
                 Err(_) => format!("no answer within {:?}", self.config.request_bound),
             };
             self.metrics.removal_errors.fetch_add(1, Relaxed);
+            self.metrics
+                .note_error(format!("removing sandbox {}: {error}", sandbox.name));
+            self.observer.observe(Happening::RemovalUnconfirmed {
+                sandbox,
+                error: &error,
+            });
             let pause = backoff.next();
             tracing::error!(sandbox = %sandbox.name, work_id = %sandbox.item.work_id, %error, ?pause, "could not confirm the removal of the sandbox; retrying");
             tokio::select! {
@@ -552,6 +644,83 @@ impl<L: Launcher> Shared<L> {
                 }
             }
         }
+    }
+
+    /// Every `workspace_sweep_every`: the workspaces of Sessions the api
+    /// says are deleted are removed (never one a live item uses). A sweep
+    /// that cannot ask the api or reach the engine is retried next time.
+    async fn sweep_workspaces(self: Arc<Self>) {
+        let env = self.config.environment_id.clone();
+        let mut tick = tokio::time::interval(self.config.workspace_sweep_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let kept = match tokio::time::timeout(
+                self.config.request_bound,
+                self.launcher.workspaces(&env),
+            )
+            .await
+            {
+                Ok(Ok(kept)) => kept,
+                Ok(Err(err)) => {
+                    tracing::warn!(error = %err, "could not list Session workspaces");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!("listing Session workspaces timed out");
+                    continue;
+                }
+            };
+            let in_use: Vec<String> = self
+                .live
+                .lock()
+                .expect("live lock")
+                .values()
+                .filter_map(|l| l.session_id.clone())
+                .collect();
+            let candidates: Vec<String> =
+                kept.into_iter().filter(|s| !in_use.contains(s)).collect();
+            for chunk in candidates.chunks(100) {
+                let deleted = match self.ops.deleted_sessions(&env, chunk).await {
+                    Ok(answer) => answer.data,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not ask which Sessions are deleted");
+                        break;
+                    }
+                };
+                for session_id in deleted.iter().filter(|s| chunk.contains(s)) {
+                    if self.live_session(session_id) {
+                        continue;
+                    }
+                    match tokio::time::timeout(
+                        self.config.request_bound,
+                        self.launcher.remove_workspace(session_id),
+                    )
+                    .await
+                    {
+                        Ok(Ok(())) => {
+                            tracing::info!(%session_id, "removed the workspace of a deleted Session");
+                            self.observer
+                                .observe(Happening::WorkspaceRemoved { session_id });
+                        }
+                        Ok(Err(err)) => {
+                            tracing::warn!(%session_id, error = %err, "could not remove the workspace of a deleted Session; retrying next sweep");
+                        }
+                        Err(_) => {
+                            tracing::warn!(%session_id, "removing the workspace of a deleted Session timed out; retrying next sweep");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn live_session(&self, session_id: &str) -> bool {
+        self.live
+            .lock()
+            .expect("live lock")
+            .values()
+            .any(|l| l.session_id.as_deref() == Some(session_id))
     }
 
     /// Lets running items finish for the shutdown grace, then removes what

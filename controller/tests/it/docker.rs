@@ -425,3 +425,41 @@ async fn misbehaving_runners_are_removed(db: sqlx::PgPool) {
             .await;
     }
 }
+
+/// The volume of a deleted Session is swept; a live Session's is kept.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_deleted_sessions_volume_is_swept(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let api = engine.api(db, Default::default()).await;
+    let pool = engine::pool("sweep");
+    let args = engine.args(&api);
+    let mut config = docker_config(&api, &pool, 2);
+    config.workspace_sweep_every = Duration::from_millis(300);
+    let running = Running::start(&api, config, launcher(&args, &pool).await).await;
+    let (kept, _) = queued_session(&api).await;
+    let (doomed, _) = queued_session(&api).await;
+    crate::support::until("both volumes", Duration::from_secs(30), async || {
+        engine.session_volumes(&kept).await.len() == 1
+            && engine.session_volumes(&doomed).await.len() == 1
+    })
+    .await;
+    end_activation(&api, &doomed).await;
+    // Its container goes first (a volume in use cannot be removed).
+    api.delete_session(&doomed).await;
+    crate::support::until(
+        "the deleted Session's volume goes",
+        Duration::from_secs(20),
+        async || engine.session_volumes(&doomed).await.is_empty(),
+    )
+    .await;
+    assert_eq!(
+        engine.session_volumes(&kept).await.len(),
+        1,
+        "a live Session's volume stays"
+    );
+    end_activation(&api, &kept).await;
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    engine.clean(&pool, &[&kept, &doomed]).await;
+}

@@ -3,7 +3,7 @@
 
 use crate::engine;
 use crate::proxy::Relay;
-use crate::support::{config, healthcheck, queued_session, runner_command, Running};
+use crate::support::{config, healthcheck, queued_session, runner_command, until, Running};
 use mango_client::Client;
 use mango_controller::core::launcher::{
     Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
@@ -16,7 +16,7 @@ use mango_protocol::CheckStatus;
 use mango_testkit::TestApp;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn metric(rendered: &str, name: &str) -> f64 {
     rendered
@@ -25,14 +25,6 @@ fn metric(rendered: &str, name: &str) -> f64 {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
-}
-
-async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The engine goes away while a sandbox runs, and its Work is stopped
@@ -164,6 +156,12 @@ impl Launcher for Gated {
     }
     async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {
         self.inner.remove(sandbox).await
+    }
+    async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
+        self.inner.workspaces(environment_id).await
+    }
+    async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
+        self.inner.remove_workspace(session_id).await
     }
 }
 

@@ -2,9 +2,10 @@
 //! launcher, against a real api on PostgreSQL and the real runner.
 
 use crate::support::{
-    config, end_activation, healthcheck, runner_command, turn, two_bash_turns, Running,
+    config, end_activation, healthcheck, queued_session, runner_command, turn, two_bash_turns,
+    until, Running,
 };
-use mango_controller::core::supervisor::RunEnd;
+use mango_controller::core::supervisor::{RunEnd, Stop};
 use mango_controller::local::LocalLauncher;
 use mango_protocol::CheckStatus;
 use mango_testkit::{ScriptedModel, TestApp};
@@ -71,4 +72,86 @@ async fn a_session_runs_and_its_next_activation_sees_its_files(db: sqlx::PgPool)
             .exists(),
         "the Session's workspace stays"
     );
+}
+
+/// The folders of deleted Sessions are swept; a live Session's stays.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_deleted_sessions_workspace_is_swept_and_a_live_ones_kept(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let root = tempfile::tempdir().unwrap();
+    let launcher = LocalLauncher::new(runner_command(), root.path().into(), "default").unwrap();
+    let mut config = config(&api, 2);
+    config.workspace_sweep_every = Duration::from_millis(300);
+    let running = Running::start(&api, config, launcher).await;
+    let (kept, _) = queued_session(&api).await;
+    let (doomed, _) = queued_session(&api).await;
+    let folder = |s: &str| root.path().join("sessions").join(s);
+    until("both workspaces", Duration::from_secs(20), async || {
+        folder(&kept).is_dir() && folder(&doomed).is_dir()
+    })
+    .await;
+    end_activation(&api, &doomed).await;
+    api.delete_session(&doomed).await;
+    until(
+        "the deleted Session's folder goes",
+        Duration::from_secs(10),
+        async || !folder(&doomed).exists(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(folder(&kept).is_dir(), "a live Session's workspace stays");
+    end_activation(&api, &kept).await;
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    assert!(folder(&kept).is_dir(), "and stays after its activation");
+}
+
+/// A detached supervisor leaves its sandboxes running; the next one adopts
+/// them and removes each when its activation ends.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_detached_supervisors_sandboxes_are_adopted_by_the_next(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let root = tempfile::tempdir().unwrap();
+    let records = root.path().join("sandboxes");
+    let count = || std::fs::read_dir(&records).map_or(0, |d| d.count());
+    let first = Running::start(
+        &api,
+        config(&api, 2),
+        LocalLauncher::new(runner_command(), root.path().into(), "default").unwrap(),
+    )
+    .await;
+    let (session, work_id) = queued_session(&api).await;
+    until(
+        "its runner heartbeats",
+        Duration::from_secs(20),
+        async || api.get_work(&work_id).await["state"] == "active",
+    )
+    .await;
+    assert_eq!(first.stop(Stop::Detach).await, RunEnd::Detached);
+    assert_eq!(count(), 1, "the sandbox outlives its supervisor");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        api.get_work(&work_id).await["state"],
+        "active",
+        "and keeps running"
+    );
+
+    let second = Running::start(
+        &api,
+        config(&api, 2),
+        LocalLauncher::new(runner_command(), root.path().into(), "default").unwrap(),
+    )
+    .await;
+    until("adopted", Duration::from_secs(10), async || {
+        second
+            .metrics
+            .render()
+            .contains(r#"mango_supervisor_items_total{outcome="adopted"} 1"#)
+    })
+    .await;
+    end_activation(&api, &session).await;
+    until("its sandbox goes", Duration::from_secs(15), async || {
+        count() == 0
+    })
+    .await;
+    assert_eq!(second.shutdown().await, RunEnd::Shutdown);
 }

@@ -6,7 +6,7 @@ use mango_controller::core::config::Config;
 use mango_controller::core::launcher::Launcher;
 use mango_controller::core::metrics::Metrics;
 use mango_controller::core::secret::Secret;
-use mango_controller::core::supervisor::{RunEnd, Supervisor};
+use mango_controller::core::supervisor::{RunEnd, Stop, Supervisor};
 use mango_protocol::{CheckStatus, Work, WorkState};
 use mango_testkit::{json_events, model_reply, TestApp};
 use serde_json::{json, Value};
@@ -34,7 +34,7 @@ pub fn config(api: &TestApp, max_concurrency: usize) -> Config {
 pub struct Running {
     #[allow(dead_code)]
     pub metrics: Arc<Metrics>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<Stop>>,
     done: tokio::task::JoinHandle<RunEnd>,
 }
 
@@ -57,10 +57,9 @@ impl Running {
             .await
             .expect("the key is accepted");
         let metrics = supervisor.metrics();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let done = tokio::spawn(supervisor.run(async {
-            let _ = stopped.await;
-        }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<Stop>();
+        let done =
+            tokio::spawn(supervisor.run_until(async { stopped.await.unwrap_or(Stop::Drain) }));
         Running {
             metrics,
             stop: Some(stop),
@@ -69,9 +68,14 @@ impl Running {
     }
 
     /// SIGTERM's path: stop polling, drain, return how the run ended.
-    pub async fn shutdown(mut self) -> RunEnd {
+    pub async fn shutdown(self) -> RunEnd {
+        self.stop(Stop::Drain).await
+    }
+
+    /// Stops the run as `how` says; how it ended.
+    pub async fn stop(mut self, how: Stop) -> RunEnd {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(how);
         }
         tokio::time::timeout(Duration::from_secs(60), &mut self.done)
             .await
@@ -202,5 +206,14 @@ pub async fn queued_session(api: &TestApp) -> (String, String) {
         }
         assert!(Instant::now() < deadline, "the Session's Work is created");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (at most `within`) until `done` says so.
+pub async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
