@@ -189,7 +189,8 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
             );
         }
     }
-    let counters: [(&str, &str, fn(&Metrics) -> u64); 4] = [
+    type Counter = (&'static str, &'static str, fn(&Metrics) -> u64);
+    let counters: [Counter; 4] = [
         ("mango_supervisor_polls_total", "Polls answered.", |m| {
             m.polls.load(Relaxed)
         }),
