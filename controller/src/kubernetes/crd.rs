@@ -1,0 +1,326 @@
+//! The `WorkerPool` custom resource (`mango.dev/v1alpha1`, namespaced): one
+//! supervisor per pool, polling one Environment with the Environment key
+//! in the referenced Secret, and one hardened Pod per acknowledged item.
+//! `crds/workerpool.yaml` is generated from these types (`crdgen`).
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A pool of sandboxes for one Environment.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "mango.dev",
+    version = "v1alpha1",
+    kind = "WorkerPool",
+    namespaced,
+    status = "WorkerPoolStatus",
+    shortname = "wp",
+    category = "mango",
+    doc = "A pool of hardened sandbox Pods serving one Mango Environment: one Pod per acknowledged Work item.",
+    printcolumn(
+        name = "Environment",
+        type_ = "string",
+        json_path = ".spec.environmentId"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Polling",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Polling\")].status"
+    ),
+    printcolumn(
+        name = "Live",
+        type_ = "integer",
+        json_path = ".status.liveItems",
+        description = "Sandbox Pods live now"
+    ),
+    printcolumn(name = "Max", type_ = "integer", json_path = ".spec.maxConcurrency"),
+    printcolumn(
+        name = "Queued",
+        type_ = "integer",
+        json_path = ".status.queue.depth",
+        description = "Items waiting in the Environment's queue"
+    ),
+    printcolumn(
+        name = "Last Poll",
+        type_ = "date",
+        json_path = ".status.lastSuccessfulPoll"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPoolSpec {
+    /// The Mango api as the controller reaches it. Default: the
+    /// controller's `--default-api-url` (the chart's in-cluster Service).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_url: Option<String>,
+    /// The api as sandbox Pods reach it. Default: `apiUrl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_api_url: Option<String>,
+    /// The Environment this pool serves (`env_…`).
+    pub environment_id: String,
+    /// The Secret (in the pool's namespace) holding the Environment key.
+    pub environment_key_secret: SecretKeyRef,
+    /// The sandbox image (the runner only). Default: the controller's
+    /// `--default-sandbox-image`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// The sandbox container's resources. Limits left out get the defaults
+    /// (1 CPU, 512Mi): a sandbox always has limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// A RuntimeClass for stronger isolation (gVisor, Kata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Where Session workspaces live: one PVC per Session.
+    #[serde(default)]
+    pub workspace: WorkspaceStorage,
+    /// Live sandbox Pods at most.
+    #[serde(default = "default_max_concurrency")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_concurrency: u32,
+    /// The longest a sandbox Pod may live (its `activeDeadlineSeconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30))]
+    pub active_deadline_seconds: Option<i64>,
+    /// How long a Pod may take to be Running (scheduling, image pull)
+    /// before its item is released. Default 120.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 5, max = 3600))]
+    pub start_timeout_seconds: Option<u32>,
+    /// Additions to the sandbox Pod. None of them can weaken its hardening.
+    #[serde(default)]
+    pub pod: PodOverrides,
+}
+
+fn default_max_concurrency() -> u32 {
+    4
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    /// Default `environment-key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl SecretKeyRef {
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or("environment-key")
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceStorage {
+    /// Default: the cluster's default StorageClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Default `1Gi`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Quantity>,
+    /// Default `ReadWriteOnce`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_mode: Option<AccessMode>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum AccessMode {
+    ReadWriteOnce,
+    ReadWriteOncePod,
+    ReadWriteMany,
+}
+
+impl AccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessMode::ReadWriteOnce => "ReadWriteOnce",
+            AccessMode::ReadWriteOncePod => "ReadWriteOncePod",
+            AccessMode::ReadWriteMany => "ReadWriteMany",
+        }
+    }
+}
+
+/// What a pool may add to its sandbox Pods. Fields that could weaken the
+/// hardening (privilege, host namespaces, capabilities, a writable root,
+/// a service account token, root) are not here at all; the ones here are
+/// checked (`kubernetes::pod::validate`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodOverrides {
+    /// Extra labels (not `mango.dev/…` nor `app.kubernetes.io/managed-by`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Its token is never mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// A non-root UID (default 65534).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_user: Option<i64>,
+    /// A non-root GID (default 65534).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub run_as_group: Option<i64>,
+    /// The group owning the workspace volume (default 65534).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub fs_group: Option<i64>,
+    /// `false` runs the Pod in a user namespace; `true` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_users: Option<bool>,
+    /// Extra plain environment variables of the runner's process (its
+    /// tools get only the runner's allow-list); names starting with
+    /// `MANGO_` are refused, and so is `valueFrom`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Size of the `/tmp` emptyDir (default 64Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmp_size_limit: Option<Quantity>,
+}
+
+/// Where the pool stands.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPoolStatus {
+    /// `Ready` (the supervisor runs with an accepted key), `Polling` (a
+    /// Poll succeeded lately) and `Degraded` (something needs attention).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions")]
+    pub conditions: Vec<Condition>,
+    /// Sandbox Pods live now.
+    #[serde(default)]
+    pub live_items: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_poll: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The Environment's queue, from the api's Stats.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// Items available to a Poll now.
+    pub depth: i64,
+    /// Claimed, not yet acknowledged.
+    pub pending: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_queued_at: Option<String>,
+}
+
+fn conditions(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "properties": {
+                "lastTransitionTime": { "format": "date-time", "type": "string" },
+                "message": { "type": "string" },
+                "observedGeneration": { "type": "integer", "format": "int64" },
+                "reason": { "type": "string" },
+                "status": { "type": "string", "enum": ["True", "False", "Unknown"] },
+                "type": { "type": "string" }
+            },
+            "required": ["lastTransitionTime", "message", "reason", "status", "type"]
+        }
+    })
+}
+
+/// The CRD as YAML, as `crds/workerpool.yaml` holds it.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = WorkerPool::crd();
+    format!(
+        "# Generated by `cargo run -p mango-controller --bin crdgen`; do not edit.\n{}",
+        serde_yaml::to_string(&crd).expect("the CRD serializes")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `crds/` is what `crdgen` prints: regenerate it with
+    /// `cargo run -q -p mango-controller --bin crdgen > crds/workerpool.yaml`.
+    #[test]
+    fn the_checked_in_crd_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/workerpool.yaml");
+        let checked_in = std::fs::read_to_string(path).expect("crds/workerpool.yaml");
+        assert!(
+            checked_in == crd_yaml(),
+            "crds/workerpool.yaml is stale: run `cargo run -q -p mango-controller --bin crdgen > crds/workerpool.yaml`"
+        );
+    }
+
+    #[test]
+    fn a_minimal_pool_parses_with_its_defaults() {
+        let pool: WorkerPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "mango.dev/v1alpha1",
+            "kind": "WorkerPool",
+            "metadata": {"name": "p", "namespace": "n"},
+            "spec": {"environmentId": "env_1", "environmentKeySecret": {"name": "k"}}
+        }))
+        .unwrap();
+        assert_eq!(pool.spec.max_concurrency, 4);
+        assert_eq!(pool.spec.environment_key_secret.key(), "environment-key");
+        assert_eq!(pool.spec.workspace, WorkspaceStorage::default());
+        assert_eq!(pool.spec.pod, PodOverrides::default());
+    }
+}

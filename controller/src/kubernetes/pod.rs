@@ -1,0 +1,367 @@
+//! The sandbox Pod and the Session PVC, as pure functions of the pool and
+//! the item: hardened by default (the Pod Security Standard `restricted`,
+//! a read-only root, no service account token, limits, a deadline), with
+//! the pool's overrides added where they cannot weaken that.
+
+use crate::core::launcher::SandboxSpec;
+use crate::core::naming;
+use crate::kubernetes::crd::{AccessMode, PodOverrides, WorkerPool};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+
+/// The runner's container.
+pub const CONTAINER: &str = "runner";
+pub const WORKSPACE: &str = "/workspace";
+/// The runner's user and group when the pool names none (the image's `nobody`).
+pub const SANDBOX_UID: i64 = 65534;
+/// Set once the secret was delivered: a running Pod without it never got
+/// its secret, and is not adopted.
+pub const ANNOTATION_HANDED_OFF: &str = "mango.dev/handed-off";
+const DEFAULT_DEADLINE_SECONDS: i64 = 24 * 3600;
+const DEFAULT_TMP: &str = "64Mi";
+const DEFAULT_WORKSPACE_SIZE: &str = "1Gi";
+
+/// A pool spec that would weaken the sandbox, or cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("spec.{field}: {problem}")]
+pub struct InvalidPool {
+    pub field: String,
+    pub problem: String,
+}
+
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> InvalidPool {
+    InvalidPool {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Refuses overrides that would weaken the hardening or spoof the labels
+/// the supervisor relies on.
+pub fn validate(pool: &WorkerPool) -> Result<(), InvalidPool> {
+    let spec = &pool.spec;
+    if spec.environment_id.trim().is_empty() {
+        return Err(invalid("environmentId", "must name the Environment"));
+    }
+    if spec.environment_key_secret.name.is_empty() {
+        return Err(invalid(
+            "environmentKeySecret.name",
+            "must name the Secret holding the Environment key",
+        ));
+    }
+    if !(1..=1000).contains(&spec.max_concurrency) {
+        return Err(invalid("maxConcurrency", "must be 1 to 1000"));
+    }
+    if let Some(deadline) = spec.active_deadline_seconds {
+        if deadline < 30 {
+            return Err(invalid("activeDeadlineSeconds", "must be at least 30"));
+        }
+    }
+    check_overrides(&spec.pod)
+}
+
+fn check_overrides(pod: &PodOverrides) -> Result<(), InvalidPool> {
+    for key in pod.labels.keys() {
+        if key.starts_with("mango.dev/") || key == naming::LABEL_MANAGED_BY {
+            return Err(invalid(
+                format!("pod.labels[{key}]"),
+                "is the supervisor's own label and cannot be set",
+            ));
+        }
+    }
+    if pod.annotations.contains_key(ANNOTATION_HANDED_OFF) {
+        return Err(invalid(
+            format!("pod.annotations[{ANNOTATION_HANDED_OFF}]"),
+            "is the supervisor's own annotation and cannot be set",
+        ));
+    }
+    for (field, id) in [
+        ("runAsUser", pod.run_as_user),
+        ("runAsGroup", pod.run_as_group),
+        ("fsGroup", pod.fs_group),
+    ] {
+        if id.is_some_and(|id| id < 1) {
+            return Err(invalid(format!("pod.{field}"), "must not be root (0)"));
+        }
+    }
+    if pod.host_users == Some(true) {
+        return Err(invalid(
+            "pod.hostUsers",
+            "may only be false (a user namespace); the host's users are the default",
+        ));
+    }
+    for var in &pod.env {
+        if var.name.starts_with("MANGO_") {
+            return Err(invalid(
+                format!("pod.env[{}]", var.name),
+                "MANGO_ variables are the supervisor's",
+            ));
+        }
+        if var.value_from.is_some() {
+            return Err(invalid(
+                format!("pod.env[{}].valueFrom", var.name),
+                "only plain values are allowed (no Secret or field references)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The PVC holding Session `session_id`'s workspace.
+pub fn pvc_name(session_id: &str) -> String {
+    let id: String = session_id
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect();
+    format!("mango-session-{id}")
+}
+
+/// Labels of a Session's PVC: no pool, since a Session outlives pools.
+fn pvc_labels(session_id: &str, environment_id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
+        (
+            naming::LABEL_ENVIRONMENT_ID.to_string(),
+            environment_id.to_string(),
+        ),
+        (
+            naming::LABEL_MANAGED_BY.to_string(),
+            naming::MANAGED_BY.to_string(),
+        ),
+    ])
+}
+
+/// Session `session_id`'s workspace PVC, as the pool's storage says.
+pub fn session_pvc(pool: &WorkerPool, session_id: &str) -> PersistentVolumeClaim {
+    let storage = &pool.spec.workspace;
+    let size = storage
+        .size
+        .clone()
+        .unwrap_or_else(|| Quantity(DEFAULT_WORKSPACE_SIZE.into()));
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(pvc_name(session_id)),
+            namespace: pool.namespace(),
+            labels: Some(pvc_labels(session_id, &pool.spec.environment_id)),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec![storage
+                .access_mode
+                .unwrap_or(AccessMode::ReadWriteOnce)
+                .as_str()
+                .to_string()]),
+            storage_class_name: storage.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".to_string(), size)])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pool as the owner of its Pods: they go with it.
+pub fn owner(pool: &WorkerPool) -> OwnerReference {
+    OwnerReference {
+        api_version: WorkerPool::api_version(&()).to_string(),
+        kind: WorkerPool::kind(&()).to_string(),
+        name: pool.name_any(),
+        uid: pool.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(false),
+    }
+}
+
+/// Limits a sandbox always has: the pool's, or these.
+fn resources(pool: &WorkerPool) -> ResourceRequirements {
+    let mut resources = pool.spec.resources.clone().unwrap_or_default();
+    let limits = resources.limits.get_or_insert_with(BTreeMap::new);
+    limits
+        .entry("cpu".into())
+        .or_insert_with(|| Quantity("1".into()));
+    limits
+        .entry("memory".into())
+        .or_insert_with(|| Quantity("512Mi".into()));
+    let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+    requests
+        .entry("cpu".into())
+        .or_insert_with(|| Quantity("100m".into()));
+    requests
+        .entry("memory".into())
+        .or_insert_with(|| Quantity("128Mi".into()));
+    resources
+}
+
+/// The hardened container security context (PSS `restricted` and a
+/// read-only root).
+fn container_security(uid: i64, gid: i64) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        run_as_group: Some(gid),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        proc_mount: None,
+        ..Default::default()
+    }
+}
+
+/// The Pod for one item of `pool`: `image` when the pool names none.
+pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod {
+    let spec = &pool.spec;
+    let overrides = &spec.pod;
+    let uid = overrides.run_as_user.unwrap_or(SANDBOX_UID);
+    let gid = overrides.run_as_group.unwrap_or(SANDBOX_UID);
+    let fs_group = overrides.fs_group.unwrap_or(gid);
+
+    let mut labels: BTreeMap<String, String> = overrides.labels.clone();
+    labels.extend(sandbox.labels.clone());
+    let annotations = (!overrides.annotations.is_empty()).then(|| overrides.annotations.clone());
+
+    let mut env: Vec<EnvVar> = overrides.env.clone();
+    env.extend(sandbox.env.iter().map(|(name, value)| EnvVar {
+        name: name.clone(),
+        value: Some(value.clone()),
+        value_from: None,
+    }));
+    env.push(EnvVar {
+        name: "MANGO_WORKSPACE".into(),
+        value: Some(WORKSPACE.into()),
+        value_from: None,
+    });
+
+    let tmp_size = overrides
+        .tmp_size_limit
+        .clone()
+        .unwrap_or_else(|| Quantity(DEFAULT_TMP.into()));
+    let workspace = match &sandbox.item.session_id {
+        Some(session) => Volume {
+            name: "workspace".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: pvc_name(session),
+                read_only: Some(false),
+            }),
+            ..Default::default()
+        },
+        // A healthcheck's workspace: memory-backed, gone with the Pod.
+        None => Volume {
+            name: "workspace".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(tmp_size.clone()),
+            }),
+            ..Default::default()
+        },
+    };
+    let tmp = Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: None,
+            size_limit: Some(tmp_size),
+        }),
+        ..Default::default()
+    };
+
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(sandbox.name.clone()),
+            namespace: pool.namespace(),
+            labels: Some(labels),
+            annotations,
+            owner_references: Some(vec![owner(pool)]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            host_network: Some(false),
+            host_pid: Some(false),
+            host_ipc: Some(false),
+            share_process_namespace: Some(false),
+            host_users: overrides.host_users,
+            active_deadline_seconds: Some(
+                spec.active_deadline_seconds
+                    .unwrap_or(DEFAULT_DEADLINE_SECONDS),
+            ),
+            termination_grace_period_seconds: Some(0),
+            runtime_class_name: spec.runtime_class_name.clone(),
+            node_selector: spec.node_selector.clone(),
+            tolerations: spec.tolerations.clone(),
+            priority_class_name: overrides.priority_class_name.clone(),
+            service_account_name: overrides.service_account_name.clone(),
+            image_pull_secrets: (!overrides.image_pull_secrets.is_empty())
+                .then(|| overrides.image_pull_secrets.clone()),
+            affinity: overrides.affinity.clone(),
+            topology_spread_constraints: (!overrides.topology_spread_constraints.is_empty())
+                .then(|| overrides.topology_spread_constraints.clone()),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(uid),
+                run_as_group: Some(gid),
+                fs_group: Some(fs_group),
+                fs_group_change_policy: Some("OnRootMismatch".into()),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            containers: vec![Container {
+                name: CONTAINER.into(),
+                image: Some(spec.image.clone().unwrap_or_else(|| image.to_string())),
+                image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
+                stdin: Some(true),
+                stdin_once: Some(true),
+                tty: Some(false),
+                working_dir: Some(WORKSPACE.into()),
+                env: Some(env),
+                resources: Some(resources(pool)),
+                security_context: Some(container_security(uid, gid)),
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
+                volume_mounts: Some(vec![
+                    VolumeMount {
+                        name: "workspace".into(),
+                        mount_path: WORKSPACE.into(),
+                        ..Default::default()
+                    },
+                    VolumeMount {
+                        name: "tmp".into(),
+                        mount_path: "/tmp".into(),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }],
+            volumes: Some(vec![workspace, tmp]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,418 @@
+use super::*;
+use crate::core::launcher::ItemIdentity;
+use crate::kubernetes::crd::{SecretKeyRef, WorkerPoolSpec, WorkspaceStorage};
+use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, NodeAffinity};
+use mango_protocol::WorkType;
+
+fn pool() -> WorkerPool {
+    let mut pool = WorkerPool::new(
+        "builders",
+        WorkerPoolSpec {
+            api_url: None,
+            sandbox_api_url: None,
+            environment_id: "env_1".into(),
+            environment_key_secret: SecretKeyRef {
+                name: "pool-key".into(),
+                key: None,
+            },
+            image: None,
+            image_pull_policy: None,
+            resources: None,
+            runtime_class_name: None,
+            node_selector: None,
+            tolerations: None,
+            workspace: WorkspaceStorage::default(),
+            max_concurrency: 4,
+            active_deadline_seconds: None,
+            start_timeout_seconds: None,
+            pod: PodOverrides::default(),
+        },
+    );
+    pool.metadata.namespace = Some("sandboxes".into());
+    pool.metadata.uid = Some("uid-1".into());
+    pool
+}
+
+fn sandbox(session: Option<&str>) -> SandboxSpec {
+    let item = ItemIdentity {
+        work_id: "work_abc".into(),
+        claim: 2,
+        environment_id: "env_1".into(),
+        work_type: if session.is_some() {
+            WorkType::Session
+        } else {
+            WorkType::Healthcheck
+        },
+        session_id: session.map(str::to_string),
+    };
+    SandboxSpec {
+        name: naming::sandbox_name(&item.work_id, item.claim),
+        labels: naming::labels(&item, "builders"),
+        env: naming::runner_env(&item, "http://mango-api:8080"),
+        item,
+    }
+}
+
+/// Every hardened field of spec §7, whatever the pool added.
+fn assert_hardened(pod: &Pod) {
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(spec.enable_service_links, Some(false));
+    assert_eq!(spec.host_network, Some(false));
+    assert_eq!(spec.host_pid, Some(false));
+    assert_eq!(spec.host_ipc, Some(false));
+    assert_ne!(spec.host_users, Some(true));
+    assert!(spec.active_deadline_seconds.is_some_and(|d| d >= 30));
+    let psc = spec.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert!(psc.run_as_user.is_some_and(|u| u > 0));
+    assert!(psc.run_as_group.is_some_and(|g| g > 0));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    assert!(psc.sysctls.is_none() && psc.supplemental_groups.is_none());
+    assert_eq!(spec.containers.len(), 1);
+    assert!(spec.init_containers.is_none() && spec.ephemeral_containers.is_none());
+    let c = &spec.containers[0];
+    assert_eq!(c.stdin, Some(true));
+    assert_eq!(c.stdin_once, Some(true));
+    assert_eq!(c.tty, Some(false));
+    assert!(
+        c.command.is_none() && c.args.is_none(),
+        "the image's runner runs"
+    );
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert!(sc.run_as_user.is_some_and(|u| u > 0));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert!(caps.add.is_none());
+    assert_eq!(
+        sc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert!(limits.contains_key("cpu") && limits.contains_key("memory"));
+    let mounts = c.volume_mounts.as_ref().unwrap();
+    let tmp = mounts.iter().find(|m| m.mount_path == "/tmp").unwrap();
+    let volumes = spec.volumes.as_ref().unwrap();
+    let tmp_volume = volumes.iter().find(|v| v.name == tmp.name).unwrap();
+    assert!(tmp_volume.empty_dir.is_some(), "/tmp is an emptyDir");
+    assert!(volumes.iter().all(|v| v.host_path.is_none()), "no hostPath");
+    assert!(mounts.iter().any(|m| m.mount_path == WORKSPACE));
+    // No credential anywhere in the spec: identity only.
+    let text = serde_json::to_string(pod).unwrap();
+    for marker in ["mango_st_", "mango_envk_", "mango_wsk_", "sessions_token"] {
+        assert!(!text.contains(marker), "{marker} in {text}");
+    }
+    let env = c.env.as_ref().unwrap();
+    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+    for want in [
+        "MANGO_BASE_URL",
+        "MANGO_WORK_ID",
+        "MANGO_ENVIRONMENT_ID",
+        "MANGO_WORK_TYPE",
+        "MANGO_WORKSPACE",
+    ] {
+        assert!(names.contains(&want), "{want} in {names:?}");
+    }
+    assert!(env.iter().all(|e| e.value_from.is_none()));
+    let labels = pod.metadata.labels.as_ref().unwrap();
+    for label in [
+        naming::LABEL_WORK_ID,
+        naming::LABEL_ENVIRONMENT_ID,
+        naming::LABEL_WORK_TYPE,
+        naming::LABEL_POOL,
+        naming::LABEL_CLAIM,
+        naming::LABEL_MANAGED_BY,
+    ] {
+        assert!(labels.contains_key(label), "{label}");
+    }
+    assert_eq!(labels[naming::LABEL_MANAGED_BY], naming::MANAGED_BY);
+}
+
+#[test]
+fn a_session_pod_is_hardened_named_per_claim_and_owned_by_its_pool() {
+    let pool = pool();
+    let pod = sandbox_pod(&pool, &sandbox(Some("sesn_X1")), "mango-sandbox:1");
+    assert_hardened(&pod);
+    assert_eq!(pod.metadata.name.as_deref(), Some("mango-work-abc-2"));
+    assert_eq!(pod.metadata.namespace.as_deref(), Some("sandboxes"));
+    let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("WorkerPool", "builders", "uid-1")
+    );
+    assert_eq!(owner.api_version, "mango.dev/v1alpha1");
+    assert_eq!(owner.controller, Some(true));
+    let spec = pod.spec.unwrap();
+    let c = &spec.containers[0];
+    assert_eq!(c.name, CONTAINER);
+    assert_eq!(c.image.as_deref(), Some("mango-sandbox:1"));
+    assert_eq!(spec.active_deadline_seconds, Some(86400));
+    let labels = pod.metadata.labels.unwrap();
+    assert_eq!(labels[naming::LABEL_SESSION_ID], "sesn_X1");
+    assert_eq!(labels[naming::LABEL_CLAIM], "2");
+    let workspace = spec
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "workspace")
+        .unwrap();
+    assert_eq!(
+        workspace.persistent_volume_claim.unwrap().claim_name,
+        "mango-session-sesn-x1"
+    );
+    let psc = spec.security_context.unwrap();
+    assert_eq!(
+        (psc.run_as_user, psc.run_as_group, psc.fs_group),
+        (Some(65534), Some(65534), Some(65534))
+    );
+}
+
+#[test]
+fn a_healthcheck_pod_has_a_memory_workspace_and_no_claim_on_storage() {
+    let pod = sandbox_pod(&pool(), &sandbox(None), "img");
+    assert_hardened(&pod);
+    let volumes = pod.spec.unwrap().volumes.unwrap();
+    let workspace = volumes.iter().find(|v| v.name == "workspace").unwrap();
+    assert!(workspace.persistent_volume_claim.is_none());
+    assert_eq!(
+        workspace.empty_dir.as_ref().unwrap().medium.as_deref(),
+        Some("Memory")
+    );
+    assert!(!pod
+        .metadata
+        .labels
+        .unwrap()
+        .contains_key(naming::LABEL_SESSION_ID));
+}
+
+#[test]
+fn the_pools_choices_are_applied() {
+    let mut pool = pool();
+    pool.spec.image = Some("registry.local/sandbox:2".into());
+    pool.spec.image_pull_policy = Some(crate::kubernetes::crd::PullPolicy::Always);
+    pool.spec.runtime_class_name = Some("gvisor".into());
+    pool.spec.active_deadline_seconds = Some(600);
+    pool.spec.node_selector = Some(BTreeMap::from([("pool".into(), "sandbox".into())]));
+    pool.spec.resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([("memory".into(), Quantity("2Gi".into()))])),
+        ..Default::default()
+    });
+    pool.spec.pod = PodOverrides {
+        labels: BTreeMap::from([("team".into(), "ml".into())]),
+        annotations: BTreeMap::from([("note".into(), "x".into())]),
+        priority_class_name: Some("low".into()),
+        service_account_name: Some("sandbox".into()),
+        image_pull_secrets: vec![LocalObjectReference {
+            name: "regcred".into(),
+        }],
+        affinity: Some(Affinity {
+            node_affinity: Some(NodeAffinity::default()),
+            ..Default::default()
+        }),
+        run_as_user: Some(1000),
+        run_as_group: Some(1000),
+        fs_group: Some(2000),
+        host_users: Some(false),
+        env: vec![EnvVar {
+            name: "TZ".into(),
+            value: Some("UTC".into()),
+            value_from: None,
+        }],
+        tmp_size_limit: Some(Quantity("1Gi".into())),
+        ..Default::default()
+    };
+    validate(&pool).expect("these overrides are allowed");
+    let pod = sandbox_pod(&pool, &sandbox(Some("sesn_1")), "default-image");
+    assert_hardened(&pod);
+    let spec = pod.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    assert_eq!(c.image.as_deref(), Some("registry.local/sandbox:2"));
+    assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
+    assert_eq!(spec.active_deadline_seconds, Some(600));
+    assert_eq!(spec.host_users, Some(false));
+    assert_eq!(spec.service_account_name.as_deref(), Some("sandbox"));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["memory"], Quantity("2Gi".into()));
+    assert_eq!(
+        limits["cpu"],
+        Quantity("1".into()),
+        "a missing limit gets the default"
+    );
+    assert_eq!(c.security_context.as_ref().unwrap().run_as_user, Some(1000));
+    assert_eq!(spec.security_context.as_ref().unwrap().fs_group, Some(2000));
+    assert_eq!(pod.metadata.labels.as_ref().unwrap()["team"], "ml");
+    assert!(c.env.as_ref().unwrap().iter().any(|e| e.name == "TZ"));
+}
+
+#[test]
+fn overrides_that_would_weaken_the_sandbox_are_refused() {
+    let cases: Vec<(&str, Box<dyn Fn(&mut PodOverrides)>)> = vec![
+        ("pod.runAsUser", Box::new(|p| p.run_as_user = Some(0))),
+        ("pod.runAsGroup", Box::new(|p| p.run_as_group = Some(0))),
+        ("pod.fsGroup", Box::new(|p| p.fs_group = Some(0))),
+        ("pod.hostUsers", Box::new(|p| p.host_users = Some(true))),
+        (
+            "pod.labels[mango.dev/work-id]",
+            Box::new(|p| {
+                p.labels.insert("mango.dev/work-id".into(), "x".into());
+            }),
+        ),
+        (
+            "pod.labels[app.kubernetes.io/managed-by]",
+            Box::new(|p| {
+                p.labels
+                    .insert("app.kubernetes.io/managed-by".into(), "me".into());
+            }),
+        ),
+        (
+            "pod.annotations[mango.dev/handed-off]",
+            Box::new(|p| {
+                p.annotations
+                    .insert(ANNOTATION_HANDED_OFF.into(), "yes".into());
+            }),
+        ),
+        (
+            "pod.env[MANGO_BASE_URL]",
+            Box::new(|p| {
+                p.env.push(EnvVar {
+                    name: "MANGO_BASE_URL".into(),
+                    value: Some("http://evil".into()),
+                    value_from: None,
+                })
+            }),
+        ),
+        (
+            "pod.env[K].valueFrom",
+            Box::new(|p| {
+                p.env.push(EnvVar {
+                    name: "K".into(),
+                    value: None,
+                    value_from: Some(Default::default()),
+                })
+            }),
+        ),
+    ];
+    for (field, weaken) in cases {
+        let mut pool = pool();
+        weaken(&mut pool.spec.pod);
+        let err = validate(&pool).expect_err(field);
+        assert_eq!(
+            format!("spec.{field}"),
+            format!("spec.{}", err.field),
+            "{err}"
+        );
+        assert!(
+            err.to_string().starts_with(&format!("spec.{field}: ")),
+            "{err}"
+        );
+    }
+    let mut pool = pool();
+    pool.spec.active_deadline_seconds = Some(5);
+    assert_eq!(validate(&pool).unwrap_err().field, "activeDeadlineSeconds");
+    let mut pool = pool.clone();
+    pool.spec.active_deadline_seconds = None;
+    pool.spec.max_concurrency = 0;
+    assert_eq!(validate(&pool).unwrap_err().field, "maxConcurrency");
+}
+
+/// Whatever combination of allowed overrides a pool sets, the Pod stays
+/// hardened and keeps the supervisor's labels and identity.
+#[test]
+fn no_allowed_override_removes_the_hardening() {
+    let choices: [fn(&mut WorkerPool); 8] = [
+        |p| p.spec.pod.run_as_user = Some(1),
+        |p| p.spec.pod.host_users = Some(false),
+        |p| {
+            p.spec.resources = Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([("cpu".into(), Quantity("4".into()))])),
+                ..Default::default()
+            })
+        },
+        |p| {
+            p.spec.resources = Some(ResourceRequirements {
+                limits: Some(BTreeMap::new()),
+                requests: Some(BTreeMap::new()),
+                ..Default::default()
+            })
+        },
+        |p| p.spec.pod.service_account_name = Some("default".into()),
+        |p| {
+            p.spec
+                .pod
+                .labels
+                .insert("mango.dev.evil/x".into(), "y".into());
+        },
+        |p| p.spec.runtime_class_name = Some("kata".into()),
+        |p| {
+            p.spec.pod.env.push(EnvVar {
+                name: "PATH".into(),
+                value: Some("/evil".into()),
+                value_from: None,
+            })
+        },
+    ];
+    for mask in 0u32..(1 << choices.len()) {
+        let mut pool = pool();
+        for (i, choose) in choices.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                choose(&mut pool);
+            }
+        }
+        validate(&pool).unwrap_or_else(|e| panic!("mask {mask:b}: {e}"));
+        for session in [None, Some("sesn_1")] {
+            let pod = sandbox_pod(&pool, &sandbox(session), "img");
+            assert_hardened(&pod);
+            let labels = pod.metadata.labels.unwrap();
+            assert_eq!(labels[naming::LABEL_WORK_ID], "work_abc");
+            assert_eq!(labels[naming::LABEL_POOL], "builders");
+        }
+    }
+}
+
+#[test]
+fn a_session_pvc_is_named_from_the_session_and_sized_by_the_pool() {
+    let mut pool = pool();
+    let pvc = session_pvc(&pool, "sesn_AbC");
+    assert_eq!(pvc.metadata.name.as_deref(), Some("mango-session-sesn-abc"));
+    assert_eq!(pvc.metadata.namespace.as_deref(), Some("sandboxes"));
+    assert!(
+        pvc.metadata.owner_references.is_none(),
+        "a Session's files outlive its pool"
+    );
+    let labels = pvc.metadata.labels.clone().unwrap();
+    assert_eq!(labels[naming::LABEL_SESSION_ID], "sesn_AbC");
+    assert_eq!(labels[naming::LABEL_ENVIRONMENT_ID], "env_1");
+    assert_eq!(labels[naming::LABEL_MANAGED_BY], naming::MANAGED_BY);
+    let spec = pvc.spec.unwrap();
+    assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+    assert_eq!(spec.storage_class_name, None);
+    assert_eq!(
+        spec.resources.unwrap().requests.unwrap()["storage"],
+        Quantity("1Gi".into())
+    );
+    pool.spec.workspace = WorkspaceStorage {
+        storage_class_name: Some("fast".into()),
+        size: Some(Quantity("20Gi".into())),
+        access_mode: Some(AccessMode::ReadWriteOncePod),
+    };
+    let spec = session_pvc(&pool, "sesn_1").spec.unwrap();
+    assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(
+        spec.access_modes,
+        Some(vec!["ReadWriteOncePod".to_string()])
+    );
+    assert_eq!(
+        spec.resources.unwrap().requests.unwrap()["storage"],
+        Quantity("20Gi".into())
+    );
+}
