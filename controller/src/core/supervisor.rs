@@ -651,7 +651,9 @@ impl<L: Launcher> Shared<L> {
     /// that cannot ask the api or reach the engine is retried next time.
     async fn sweep_workspaces(self: Arc<Self>) {
         let env = self.config.environment_id.clone();
-        let mut tick = tokio::time::interval(self.config.workspace_sweep_every);
+        let every = self.config.workspace_sweep_every;
+        // The first sweep waits a period: a starting supervisor has items first.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;

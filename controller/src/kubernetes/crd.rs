@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// A pool of sandboxes for one Environment.
+// Each printer column repeats `type_ = …`; clippy reads them as one attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "mango.dev",

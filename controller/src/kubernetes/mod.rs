@@ -3,4 +3,6 @@
 //! per pool, one hardened Pod per item, a PVC per Session.
 
 pub mod crd;
+pub mod launcher;
 pub mod pod;
+pub mod pods;

@@ -4,6 +4,8 @@ mod docker;
 mod engine;
 mod faults;
 mod item;
+mod k8s_launcher;
+mod kube_mock;
 mod local;
 mod proxy;
 mod support;

@@ -256,7 +256,8 @@ fn the_pools_choices_are_applied() {
 
 #[test]
 fn overrides_that_would_weaken_the_sandbox_are_refused() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut PodOverrides)>)> = vec![
+    type Weaken = Box<dyn Fn(&mut PodOverrides)>;
+    let cases: Vec<(&str, Weaken)> = vec![
         ("pod.runAsUser", Box::new(|p| p.run_as_user = Some(0))),
         ("pod.runAsGroup", Box::new(|p| p.run_as_group = Some(0))),
         ("pod.fsGroup", Box::new(|p| p.fs_group = Some(0))),

@@ -1,0 +1,341 @@
+//! The Kubernetes launcher: one hardened Pod per item, in the pool's
+//! namespace, owned by the pool; the Session's PVC created when missing;
+//! the secret over a one-shot attach of stdin once the container runs.
+//! Create-only calls throughout, so one claim never gets two Pods.
+
+use crate::core::launcher::{
+    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+};
+use crate::core::naming;
+use crate::core::secret::Secret;
+use crate::kubernetes::crd::WorkerPool;
+use crate::kubernetes::pod::{self, ANNOTATION_HANDED_OFF, CONTAINER};
+use crate::kubernetes::pods::PodStore;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+const ENGINE: &str = "Kubernetes API";
+/// Waiting reasons that mean the container will not start by itself.
+const CANNOT_START: [&str; 5] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+pub struct PodLauncher {
+    pods: Api<Pod>,
+    pvcs: Api<PersistentVolumeClaim>,
+    /// The pool as this supervisor was started for (its generation).
+    pool: Arc<WorkerPool>,
+    /// The sandbox image when the pool names none.
+    default_image: String,
+    store: PodStore,
+}
+
+/// A Kubernetes error as a launch error: the API server answering is a
+/// refusal; anything else, an unavailable engine.
+fn launch_error(what: &str, err: kube::Error) -> LaunchError {
+    match err {
+        kube::Error::Api(status) => LaunchError::Failed(format!(
+            "{what}: the Kubernetes API answered {}: {}",
+            status.code, status.message
+        )),
+        other => LaunchError::Unavailable {
+            engine: ENGINE,
+            message: format!("{what}: {other}"),
+        },
+    }
+}
+
+fn status_of(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// The label selector of `pool`'s sandbox Pods.
+pub fn pool_selector(pool: &str) -> String {
+    format!(
+        "{}={},{}={}",
+        naming::LABEL_MANAGED_BY,
+        naming::MANAGED_BY,
+        naming::LABEL_POOL,
+        pool
+    )
+}
+
+impl PodLauncher {
+    pub fn new(
+        client: Client,
+        pool: Arc<WorkerPool>,
+        default_image: &str,
+        store: PodStore,
+    ) -> PodLauncher {
+        let namespace = pool.namespace().unwrap_or_else(|| "default".into());
+        PodLauncher {
+            pods: Api::namespaced(client.clone(), &namespace),
+            pvcs: Api::namespaced(client, &namespace),
+            pool,
+            default_image: default_image.to_string(),
+            store,
+        }
+    }
+
+    /// The Session's PVC, created if it is missing (one that exists is
+    /// kept as it is, whoever made it).
+    async fn ensure_pvc(&self, session_id: &str) -> Result<(), LaunchError> {
+        let name = pod::pvc_name(session_id);
+        let existing = self
+            .pvcs
+            .get_opt(&name)
+            .await
+            .map_err(|e| launch_error(&format!("reading PVC {name}"), e))?;
+        if existing.is_some() {
+            return Ok(());
+        }
+        match self
+            .pvcs
+            .create(
+                &PostParams::default(),
+                &pod::session_pvc(&self.pool, session_id),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Made meanwhile (another activation of the Session): the same claim.
+            Err(err) if status_of(&err) == Some(409) => Ok(()),
+            Err(kube::Error::Api(status)) => Err(LaunchError::Workspace(format!(
+                "PVC {name}: the Kubernetes API answered {}: {}",
+                status.code, status.message
+            ))),
+            Err(err) => Err(launch_error(&format!("creating PVC {name}"), err)),
+        }
+    }
+}
+
+/// What a Pod's state says of its runner, before the hand-off.
+enum Start {
+    Running(Instant),
+    Cannot(String),
+}
+
+/// `seen`: the watch showed the Pod before (a Pod just created may not be
+/// in it yet; one that was and is not any more was deleted).
+fn start_state(pod: Option<&Pod>, seen: &mut bool) -> Option<Start> {
+    let Some(pod) = pod else {
+        return (*seen).then(|| Start::Cannot("the Pod was deleted before its hand-off".into()));
+    };
+    *seen = true;
+    let status = pod.status.as_ref()?;
+    match status.phase.as_deref() {
+        Some("Running") => return Some(Start::Running(Instant::now())),
+        Some(phase @ ("Succeeded" | "Failed")) => {
+            return Some(Start::Cannot(format!(
+                "the Pod ended ({phase}) before its hand-off{}",
+                status
+                    .message
+                    .as_deref()
+                    .map(|m| format!(": {m}"))
+                    .unwrap_or_default()
+            )))
+        }
+        _ => {}
+    }
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+        .find(|w| {
+            w.reason
+                .as_deref()
+                .is_some_and(|r| CANNOT_START.contains(&r))
+        })?;
+    Some(Start::Cannot(format!(
+        "the sandbox container cannot start: {}{}",
+        waiting.reason.as_deref().unwrap_or_default(),
+        waiting
+            .message
+            .as_deref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default()
+    )))
+}
+
+/// The runner's exit status, once its Pod finished.
+fn exit_state(pod: Option<&Pod>) -> Option<SandboxExit> {
+    let Some(pod) = pod else {
+        return Some(SandboxExit::Gone);
+    };
+    let status = pod.status.as_ref()?;
+    let terminated = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == CONTAINER)
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref());
+    match (status.phase.as_deref(), terminated) {
+        (_, Some(t)) => Some(SandboxExit::Exited(i64::from(t.exit_code))),
+        // Ended without a container status (the deadline, an eviction).
+        (Some("Succeeded"), None) => Some(SandboxExit::Exited(0)),
+        (Some("Failed"), None) => Some(SandboxExit::Exited(137)),
+        _ => None,
+    }
+}
+
+impl Launcher for PodLauncher {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    /// Running Pods whose secret was delivered are adoptable; the rest
+    /// (finished, or never handed their secret) are to be removed.
+    async fn existing(&self) -> Result<Vec<Found>, LaunchError> {
+        let listed = self
+            .pods
+            .list(&ListParams::default().labels(&pool_selector(&self.pool.name_any())))
+            .await
+            .map_err(|e| launch_error("listing sandbox Pods", e))?;
+        Ok(listed
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let labels = p.labels().clone();
+                let item = naming::item_of(&labels)?;
+                let running = p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && p.annotations().contains_key(ANNOTATION_HANDED_OFF);
+                Some(Found {
+                    running,
+                    sandbox: Sandbox {
+                        name: p.name_any(),
+                        handle: p.name_any(),
+                        item,
+                    },
+                })
+            })
+            .collect())
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        if let Some(session) = &spec.item.session_id {
+            self.ensure_pvc(session).await?;
+        }
+        let manifest = pod::sandbox_pod(&self.pool, spec, &self.default_image);
+        match self.pods.create(&PostParams::default(), &manifest).await {
+            Ok(_) => Ok(Sandbox {
+                name: spec.name.clone(),
+                handle: spec.name.clone(),
+                item: spec.item.clone(),
+            }),
+            Err(err) if status_of(&err) == Some(409) => {
+                Err(LaunchError::AlreadyExists(spec.name.clone()))
+            }
+            Err(err) => Err(launch_error(&format!("creating Pod {}", spec.name), err)),
+        }
+    }
+
+    /// Once the container runs: attach stdin only, write the secret and a
+    /// newline, close stdin (`stdinOnce` turns the disconnect into EOF),
+    /// and mark the Pod handed off. A failure here cannot be retried (the
+    /// stdin is spent): the supervisor deletes the Pod.
+    async fn hand_off(&self, sandbox: &Sandbox, secret: Secret) -> Result<HandOff, LaunchError> {
+        let mut seen = false;
+        let started = match self
+            .store
+            .until(&sandbox.name, |pod| start_state(pod, &mut seen))
+            .await
+        {
+            Start::Running(at) => at,
+            Start::Cannot(why) => return Err(LaunchError::Failed(why)),
+        };
+        let params = AttachParams {
+            container: Some(CONTAINER.into()),
+            stdin: true,
+            stdout: false,
+            stderr: false,
+            tty: false,
+            ..AttachParams::default()
+        };
+        let mut attached = self
+            .pods
+            .attach(&sandbox.name, &params)
+            .await
+            .map_err(|e| launch_error(&format!("attaching to Pod {}", sandbox.name), e))?;
+        let mut stdin = attached
+            .stdin()
+            .ok_or_else(|| LaunchError::Failed("the attach gave no stdin".into()))?;
+        let written = async {
+            stdin.write_all(secret.expose().as_bytes()).await?;
+            stdin.write_all(b"\n").await?;
+            stdin.flush().await?;
+            stdin.shutdown().await
+        }
+        .await;
+        drop(secret);
+        drop(stdin);
+        written.map_err(|e| LaunchError::Failed(format!("writing the secret to the Pod: {e}")))?;
+        // The attach ends once stdin is closed; do not wait long for it.
+        let _ = tokio::time::timeout(Duration::from_secs(5), attached.join()).await;
+        let delivered = Instant::now();
+        let mark = serde_json::json!({"metadata": {"annotations": {
+            ANNOTATION_HANDED_OFF: jiff::Timestamp::now().to_string()
+        }}});
+        self.pods
+            .patch(&sandbox.name, &PatchParams::default(), &Patch::Merge(&mark))
+            .await
+            .map_err(|e| launch_error(&format!("marking Pod {} handed off", sandbox.name), e))?;
+        Ok(HandOff { started, delivered })
+    }
+
+    async fn wait(&self, sandbox: &Sandbox) -> Result<SandboxExit, LaunchError> {
+        Ok(self.store.until(&sandbox.name, exit_state).await)
+    }
+
+    async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        match self.pods.delete(&sandbox.name, &params).await {
+            Ok(_) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            Err(err) => Err(launch_error(&format!("deleting Pod {}", sandbox.name), err)),
+        }
+    }
+
+    async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
+        let selector = format!(
+            "{}={},{}={environment_id}",
+            naming::LABEL_MANAGED_BY,
+            naming::MANAGED_BY,
+            naming::LABEL_ENVIRONMENT_ID
+        );
+        let listed = self
+            .pvcs
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| launch_error("listing Session PVCs", e))?;
+        Ok(listed
+            .items
+            .iter()
+            .filter_map(|p| p.labels().get(naming::LABEL_SESSION_ID).cloned())
+            .collect())
+    }
+
+    async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
+        let name = pod::pvc_name(session_id);
+        match self.pvcs.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            Err(err) => Err(launch_error(&format!("deleting PVC {name}"), err)),
+        }
+    }
+}
