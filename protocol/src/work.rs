@@ -22,6 +22,7 @@ macro_rules! wire_enum {
     ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[doc = $doc:literal])* $variant:ident => $text:literal,)* }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         $vis enum $name {
             $($(#[doc = $doc])* #[serde(rename = $text)] $variant,)*
         }
@@ -80,6 +81,7 @@ wire_enum! {
 
 /// What a Work item is for: a Session activation or an Environment healthcheck.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkData {
     Session { id: String },
@@ -113,6 +115,7 @@ wire_enum! {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckResult {
     pub status: CheckStatus,
     pub message: String,
@@ -120,6 +123,7 @@ pub struct CheckResult {
 
 /// `BetaSelfHostedWork`, plus Mango's healthcheck fields.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Work {
     pub id: String,
     #[serde(rename = "type")]
@@ -128,20 +132,27 @@ pub struct Work {
     pub data: WorkData,
     pub metadata: BTreeMap<String, String>,
     pub state: WorkState,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub created_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub acknowledged_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub started_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub latest_heartbeat_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub stop_requested_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub stopped_at: Option<Timestamp>,
     /// Only a Poll response carries it.
     pub secret: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub expires_at: Option<Timestamp>,
     pub result: Option<CheckResult>,
@@ -154,6 +165,7 @@ pub struct WorkSecret {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     #[serde(rename = "type")]
     pub kind: String,
@@ -174,11 +186,13 @@ pub struct LeaseStateBody {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueStats {
     #[serde(rename = "type")]
     pub kind: String,
     pub depth: i64,
     pub pending: i64,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub oldest_queued_at: Option<Timestamp>,
     pub workers_polling: Option<i64>,
@@ -189,6 +203,7 @@ pub struct QueueStats {
 /// `POST /v1/environments/{id}/work`: healthchecks only (Session Work is
 /// created by Session admission).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateWork {
     pub data: WorkData,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -197,6 +212,7 @@ pub struct CreateWork {
 
 /// `POST /v1/environments/{id}/work/{work_id}`: a metadata patch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateWork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
@@ -204,6 +220,7 @@ pub struct UpdateWork {
 
 /// `…/heartbeat`'s JSON body; the SDK sends the same fields as query parameters.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_last_heartbeat: Option<String>,
@@ -213,6 +230,7 @@ pub struct HeartbeatParams {
 
 /// `…/stop`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StopWork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force: Option<bool>,
@@ -237,6 +255,7 @@ impl From<ReportedStatus> for CheckStatus {
 
 /// `…/result` (sessions token, healthchecks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkResult {
     pub status: ReportedStatus,
     pub message: String,
@@ -244,11 +263,13 @@ pub struct WorkResult {
 
 /// `…/fail` (sessions token): a permanent, immutable-input error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FailWork {
     pub error: FailReason,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FailReason {
     pub message: String,
 }
