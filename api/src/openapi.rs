@@ -12,6 +12,8 @@
 use mango_protocol::events::EVENT_TYPES;
 use mango_protocol::ErrorEnvelope;
 use std::collections::BTreeMap;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
@@ -31,7 +33,7 @@ use `x-api-key`. Which credential an operation takes is in its description; a va
 its scope gets 403, an unknown, revoked or expired one 401. Errors use one envelope (`ErrorEnvelope`) \
 and every response carries a `request-id` header. See docs/protocol.md."
     ),
-    components(schemas(ErrorEnvelope)),
+    components(schemas(ErrorEnvelope, EventTypeName, StreamFrame)),
     modifiers(&Security),
     tags(
         (name = "Environments", description = "self_hosted Environments (Workspace key)"),
@@ -67,6 +69,55 @@ impl Modify for Security {
                 "A Workspace key (other credentials are refused here)",
             ))),
         );
+    }
+}
+
+/// Request bodies are parsed strictly (`mango_protocol::strict`): a field
+/// the type lacks is refused unless its value is `null`. Said here of the
+/// body types that are not a tagged variant's payload (an `allOf` with the
+/// tag, where `additionalProperties` would refuse the tag itself).
+pub const STRICT_BODIES: &[&str] = &[
+    "AgentVersionRef",
+    "CreateAgent",
+    "CreateEnvironment",
+    "CreateSession",
+    "CreateWork",
+    "FailReason",
+    "FailWork",
+    "HeartbeatParams",
+    "McpToolConfigParam",
+    "ModelConfigParam",
+    "SendEvents",
+    "SkillParam",
+    "StopWork",
+    "ToolDefaultsParam",
+    "ToolsetConfigParam",
+    "UpdateAgent",
+    "UpdateEnvironment",
+    "UpdateWork",
+    "WorkResult",
+];
+
+/// Completes the document once every operation has added its schemas.
+pub fn finish(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    strict_bodies(&mut doc);
+    doc
+}
+
+fn strict_bodies(doc: &mut utoipa::openapi::OpenApi) {
+    let Some(components) = doc.components.as_mut() else {
+        return;
+    };
+    for name in STRICT_BODIES {
+        match components.schemas.get_mut(*name) {
+            Some(RefOr::T(Schema::Object(object))) => {
+                let only_null = ObjectBuilder::new().schema_type(Type::Null).build();
+                object.additional_properties = Some(Box::new(AdditionalProperties::RefOr(
+                    RefOr::T(Schema::Object(only_null)),
+                )));
+            }
+            _ => panic!("{name} is not an object schema of the document"),
+        }
     }
 }
 
@@ -142,9 +193,9 @@ error_answers! {
 pub struct EventTypeName;
 
 impl utoipa::PartialSchema for EventTypeName {
-    fn schema() -> RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
             .enum_values(Some(EVENT_TYPES.iter().copied()))
             .into()
     }
@@ -157,4 +208,138 @@ impl utoipa::ToSchema for EventTypeName {}
 pub struct Health {
     /// `ok` (`/healthz`) or `ready` (`/readyz`).
     pub status: String,
+}
+
+/// One frame of `…/events/stream`, as an SSE reader parses it (`event`,
+/// `data`): an event of the log, its `type` as the frame's `event` and the
+/// event as JSON in `data`; or a keep-alive `ping` whose data is `{}`.
+pub struct StreamFrame;
+
+/// A frame whose `data` is JSON matching `content` (JSON Schema's
+/// `contentMediaType` and `contentSchema`, which OpenAPI 3.1 and 3.2 use to
+/// describe server-sent events).
+fn frame(event: ObjectBuilder, content: RefOr<Schema>) -> ObjectBuilder {
+    // utoipa has no `contentSchema`; an extension entry writes the keyword
+    // into the schema object as it is.
+    let content = serde_json::to_value(content).expect("a schema serializes");
+    let data = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .content_media_type("application/json")
+        .extensions(Some(Extensions::from_iter([("contentSchema", content)])));
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("event", event)
+        .property("data", data)
+        .required("event")
+        .required("data")
+}
+
+impl utoipa::PartialSchema for StreamFrame {
+    fn schema() -> RefOr<Schema> {
+        let ping = frame(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["ping"])),
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .max_properties(Some(0))
+                .into(),
+        )
+        .description(Some("Keep-alive"));
+        let event = frame(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^(?!ping$)")),
+            Ref::from_schema_name("Event").into(),
+        )
+        .description(Some("An event of the log; `event` is its `type`"));
+        OneOfBuilder::new().item(event).item(ping).into()
+    }
+}
+
+impl utoipa::ToSchema for StreamFrame {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    const REGENERATE: &str = "cargo run -q -p mango-api --bin mango -- openapi > docs/openapi.json";
+
+    fn document() -> Value {
+        serde_json::from_str(&to_json(&crate::routes::openapi())).unwrap()
+    }
+
+    /// `docs/openapi.json` is what the api serves: regenerate it after
+    /// changing a handler's annotation or a protocol type.
+    #[test]
+    fn the_checked_in_document_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        let generated = to_json(&crate::routes::openapi());
+        if checked_in != generated {
+            let line = checked_in
+                .lines()
+                .zip(generated.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or_else(|| checked_in.lines().count().min(generated.lines().count()));
+            panic!(
+                "docs/openapi.json is stale (first difference at line {}): regenerate it with `{REGENERATE}`",
+                line + 1
+            );
+        }
+    }
+
+    /// Every operation has its own id; every one but the health, metrics and
+    /// document endpoints names its credentials and the refusals they bring.
+    #[test]
+    fn operations_are_named_secured_and_answer_errors_in_the_envelope() {
+        let doc = document();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let mut ids = std::collections::BTreeSet::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let id = op["operationId"].as_str().unwrap();
+                assert!(ids.insert(id.to_string()), "{id} twice");
+                let responses = op["responses"].as_object().unwrap();
+                if op["tags"][0] == "Operations" {
+                    assert!(op.get("security").is_none(), "{method} {path}");
+                    continue;
+                }
+                let schemes: Vec<&str> = op["security"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{method} {path} has no security"))
+                    .iter()
+                    .flat_map(|s| s.as_object().unwrap().keys().map(String::as_str))
+                    .collect();
+                assert!(schemes.contains(&BEARER), "{method} {path}");
+                for status in ["400", "401", "403", "500", "503"] {
+                    let schema = &responses[status]["content"]["application/json"]["schema"];
+                    assert_eq!(
+                        schema["$ref"], "#/components/schemas/ErrorEnvelope",
+                        "{method} {path} {status}"
+                    );
+                }
+                assert!(
+                    responses.keys().any(|s| s.starts_with('2')),
+                    "{method} {path} documents no success"
+                );
+            }
+        }
+        assert!(ids.len() >= 34, "{} operations", ids.len());
+    }
+
+    /// The strict bodies are objects of the document, and their extra
+    /// fields may only be null (as `mango_protocol::strict` reads them).
+    #[test]
+    fn strict_bodies_take_only_null_extra_fields() {
+        let doc = document();
+        for name in STRICT_BODIES {
+            assert_eq!(
+                doc["components"]["schemas"][name]["additionalProperties"],
+                serde_json::json!({"type": "null"}),
+                "{name}"
+            );
+        }
+    }
 }

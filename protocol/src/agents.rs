@@ -313,6 +313,7 @@ pub enum ExecutionIdentity {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateAgent {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub name: String,
     pub model: ModelParam,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -343,7 +344,7 @@ pub struct UpdateAgent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, min_length = 1))]
     pub name: Patch<String>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<ModelParam>))]
@@ -385,6 +386,7 @@ pub enum ModelParam {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelConfigParam {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<EffortParam>,

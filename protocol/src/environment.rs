@@ -57,6 +57,7 @@ crate::wire_enum! {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateEnvironment {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -73,7 +74,7 @@ pub struct CreateEnvironment {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateEnvironment {
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, min_length = 1))]
     pub name: Patch<String>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]

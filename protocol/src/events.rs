@@ -225,6 +225,7 @@ pub struct UserToolConfirmation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(read_only))]
     pub session_thread_id: Option<String>,
 }
 
@@ -238,6 +239,7 @@ pub struct UserToolResult {
     pub is_error: Option<bool>,
     /// Set by the server: the thread of the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(read_only))]
     pub session_thread_id: Option<String>,
 }
 
@@ -250,6 +252,7 @@ pub struct UserCustomToolResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_error: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(read_only))]
     pub session_thread_id: Option<String>,
 }
 

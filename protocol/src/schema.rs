@@ -181,4 +181,33 @@ mod tests {
             "the catch-all refuses the listed names"
         );
     }
+
+    /// A `wire_enum!`'s schema lists exactly what serde writes.
+    #[test]
+    fn wire_enums_are_their_serde_names() {
+        fn check<T: crate::work::WireEnum + serde::Serialize + ToSchema>() {
+            let schema = serde_json::to_value(T::schema()).unwrap();
+            let written: Vec<Value> = T::ALL
+                .iter()
+                .map(|v| serde_json::to_value(v).unwrap())
+                .collect();
+            assert_eq!(schema["enum"], Value::Array(written), "{}", T::name());
+        }
+        check::<crate::WorkState>();
+        check::<crate::WorkType>();
+        check::<crate::CheckStatus>();
+        check::<crate::ReportedStatus>();
+        check::<crate::Scope>();
+        check::<crate::sessions::SessionStatus>();
+    }
+
+    #[test]
+    fn toolset_tools_are_their_names() {
+        let schema = serde_json::to_value(ToolsetTool::schema()).unwrap();
+        let written: Vec<Value> = ToolsetTool::ALL
+            .iter()
+            .map(|t| serde_json::to_value(t).unwrap())
+            .collect();
+        assert_eq!(schema["enum"], Value::Array(written));
+    }
 }

@@ -181,7 +181,7 @@ pub struct AgentVersionRef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SendEvents {
-    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::events::SentEvent>))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::events::SentEvent>, min_items = 1))]
     pub events: Vec<Value>,
 }
 

@@ -22,7 +22,6 @@ macro_rules! wire_enum {
     ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[doc = $doc:literal])* $variant:ident => $text:literal,)* }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         $vis enum $name {
             $($(#[doc = $doc])* #[serde(rename = $text)] $variant,)*
         }
@@ -51,6 +50,23 @@ macro_rules! wire_enum {
                 Self::parse(&s).ok_or_else(|| format!("{s:?} is not a {}", stringify!($name)))
             }
         }
+
+        /// A string of its wire names. (Written out, not derived: the derive
+        /// cannot read a `serde(rename)` whose name is a macro argument.)
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some(
+                        <Self as $crate::work::WireEnum>::ALL.iter().map(|v| v.as_str()),
+                    ))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -271,5 +287,6 @@ pub struct FailWork {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FailReason {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub message: String,
 }

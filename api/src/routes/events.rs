@@ -8,7 +8,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::event_shapes;
 use crate::extract::{body, Params, RawBody};
 use crate::metrics::Metrics;
-use crate::openapi::{Conflicts, EventTypeName, Missing, Refusals, TooLarge};
+use crate::openapi::{Conflicts, EventTypeName, Missing, Refusals, StreamFrame, TooLarge};
 use crate::service::admission::{self, Admission};
 use crate::session_rules::Sender;
 use crate::store::cursor;
@@ -237,7 +237,7 @@ fn admitted_reply(
     operation_id = "streamEvents",
     params(("session_id" = String, Path, description = "The Session")),
     responses(
-        (status = 200, description = "Server-sent events: each frame's `event:` is the event's `type` and its `data:` the event as JSON (an `Event`); `event: ping` with `{}` keeps the stream alive", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-sent events: each frame's `event:` is the event's `type` and its `data:` the event as JSON (an `Event`); `event: ping` with `{}` keeps the stream alive", content_type = "text/event-stream", body = StreamFrame),
         Refusals, Missing,
     ),
     security(("bearer" = []), ("x_api_key" = []))

@@ -41,7 +41,7 @@ fn operations() -> OpenApiRouter<ApiContext> {
 
 /// The OpenAPI document of every route [`router`] serves.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    operations().split_for_parts().1
+    openapi::finish(operations().split_for_parts().1)
 }
 
 pub fn router(ctx: ApiContext) -> Router {

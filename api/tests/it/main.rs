@@ -14,6 +14,7 @@ mod concurrency;
 mod credentials;
 mod environments_api;
 mod notifications;
+mod openapi;
 mod session_events;
 mod sessions_api;
 mod smoke;
