@@ -101,7 +101,40 @@ pub const STRICT_BODIES: &[&str] = &[
 /// Completes the document once every operation has added its schemas.
 pub fn finish(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     strict_bodies(&mut doc);
+    optional_bodies(&mut doc);
     doc
+}
+
+/// A handler that reads its body with `extract::optional_body` takes no
+/// body (or an empty one) as `{}`; `request_body = Option<T>` says so by not
+/// requiring it, but utoipa also writes the type as `T` or `null`, and a
+/// `null` body is refused (a body must be a JSON object). Here it becomes `T`.
+fn optional_bodies(doc: &mut utoipa::openapi::OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        for op in [&mut item.get, &mut item.post, &mut item.delete]
+            .into_iter()
+            .flatten()
+        {
+            let Some(body) = op.request_body.as_mut() else {
+                continue;
+            };
+            if body.required.is_some() {
+                continue;
+            }
+            for content in body.content.values_mut() {
+                if let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema {
+                    let is_null = |s: &RefOr<Schema>| matches!(s, RefOr::T(Schema::Object(o)) if o.schema_type == Type::Null.into());
+                    if let [a, b] = &one_of.items[..] {
+                        match (is_null(a), is_null(b)) {
+                            (true, false) => content.schema = Some(b.clone()),
+                            (false, true) => content.schema = Some(a.clone()),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn strict_bodies(doc: &mut utoipa::openapi::OpenApi) {
