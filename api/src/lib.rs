@@ -20,6 +20,7 @@ pub mod listener;
 pub mod metadata;
 pub mod metrics;
 pub mod model;
+pub mod openapi;
 pub mod routes;
 pub mod server;
 pub mod service;

@@ -61,6 +61,9 @@ enum Command {
     /// Create, list and revoke Workspace and Environment keys.
     #[command(subcommand)]
     ApiKey(ApiKeyCommand),
+    /// Print the OpenAPI document of the HTTP API (what `GET /openapi.json`
+    /// serves and `docs/openapi.json` holds).
+    Openapi,
 }
 
 #[derive(Subcommand)]
@@ -239,6 +242,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ApiKey(cmd) => {
             init_logging("warn");
             api_key(cmd).await
+        }
+        Command::Openapi => {
+            print!(
+                "{}",
+                mango_api::openapi::to_json(&mango_api::routes::openapi())
+            );
+            Ok(())
         }
     }
 }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 /// An Agent version, as the api answers with it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Agent {
     #[serde(rename = "type")]
     pub kind: AgentObject,
@@ -22,16 +23,20 @@ pub struct Agent {
     /// Always null: Mango runs no multi-agent coordinators.
     pub multiagent: Option<Value>,
     pub metadata: BTreeMap<String, String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub created_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub updated_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub archived_at: Option<Timestamp>,
 }
 
 /// The literal `"agent"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum AgentObject {
     #[default]
     #[serde(rename = "agent")]
@@ -40,6 +45,7 @@ pub enum AgentObject {
 
 /// What one version of an Agent is: immutable once written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentDefinition {
     pub name: String,
     pub description: Option<String>,
@@ -53,6 +59,7 @@ pub struct AgentDefinition {
 
 /// The Agent a Session froze at creation (`session.agent`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentSnapshot {
     #[serde(rename = "type")]
     pub kind: AgentObject,
@@ -76,6 +83,7 @@ impl From<Agent> for AgentSnapshot {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelConfig {
     pub id: String,
     pub effort: Option<Effort>,
@@ -84,12 +92,14 @@ pub struct ModelConfig {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Effort {
     #[serde(rename = "type")]
     pub level: EffortLevel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum EffortLevel {
     Low,
@@ -100,6 +110,7 @@ pub enum EffortLevel {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Speed {
     #[default]
@@ -109,6 +120,7 @@ pub enum Speed {
 
 /// `{type: always_allow}` or `{type: always_ask}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PermissionPolicy {
     AlwaysAllow,
@@ -116,6 +128,7 @@ pub enum PermissionPolicy {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolDefaults {
     pub enabled: bool,
     pub permission_policy: PermissionPolicy,
@@ -123,6 +136,7 @@ pub struct ToolDefaults {
 
 /// A tool of an Agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type")]
 pub enum AgentTool {
     #[serde(rename = "agent_toolset_20260401")]
@@ -134,6 +148,7 @@ pub enum AgentTool {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Toolset {
     pub default_config: ToolDefaults,
     pub configs: Vec<ToolsetConfig>,
@@ -141,6 +156,7 @@ pub struct Toolset {
 
 /// One tool of `agent_toolset_20260401`, resolved against the defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolsetConfig {
     pub name: ToolsetTool,
     #[serde(rename = "type")]
@@ -156,6 +172,7 @@ pub struct ToolsetConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpToolset {
     pub mcp_server_name: String,
     pub default_config: ToolDefaults,
@@ -163,6 +180,7 @@ pub struct McpToolset {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpToolConfig {
     pub name: String,
     pub enabled: bool,
@@ -170,6 +188,7 @@ pub struct McpToolConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CustomTool {
     pub name: String,
     pub description: String,
@@ -244,6 +263,7 @@ impl<'de> Deserialize<'de> for ToolsetTool {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SkillKind {
     Anthropic,
@@ -251,6 +271,7 @@ pub enum SkillKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SkillPin {
     #[serde(rename = "type")]
     pub kind: SkillKind,
@@ -260,6 +281,7 @@ pub struct SkillPin {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpServer {
     #[serde(rename = "type")]
     pub kind: McpServerKind,
@@ -268,12 +290,14 @@ pub struct McpServer {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum McpServerKind {
     Url,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecutionIdentity {
     #[default]
@@ -287,7 +311,9 @@ pub enum ExecutionIdentity {
 
 /// `POST /v1/agents`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateAgent {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub name: String,
     pub model: ModelParam,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -312,25 +338,34 @@ pub struct CreateAgent {
 
 /// `POST /v1/agents/{id}`: every field optional; a new version is written.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateAgent {
     /// The version the caller read; a different current version is 409.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, min_length = 1))]
     pub name: Patch<String>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<ModelParam>))]
     pub model: Patch<ModelParam>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub description: Patch<String>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub system: Patch<String>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<AgentToolParam>>))]
     pub tools: Patch<Vec<AgentToolParam>>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<SkillParam>>))]
     pub skills: Patch<Vec<SkillParam>>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<McpServer>>))]
     pub mcp_servers: Patch<Vec<McpServer>>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<ExecutionIdentity>))]
     pub execution_identity: Patch<ExecutionIdentity>,
     /// A patch: a string sets, null deletes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -341,6 +376,7 @@ pub struct UpdateAgent {
 
 /// `model`: a model id, or `{id, effort?, inference_geo?, speed?}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum ModelParam {
     Id(String),
@@ -348,7 +384,9 @@ pub enum ModelParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelConfigParam {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<EffortParam>,
@@ -360,6 +398,7 @@ pub struct ModelConfigParam {
 
 /// `effort`: a level, or `{type: level}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum EffortParam {
     Level(EffortLevel),
@@ -398,6 +437,7 @@ impl EffortParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type")]
 pub enum AgentToolParam {
     #[serde(rename = "agent_toolset_20260401")]
@@ -409,6 +449,7 @@ pub enum AgentToolParam {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolDefaultsParam {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
@@ -417,6 +458,7 @@ pub struct ToolDefaultsParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolsetParam {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_config: Option<ToolDefaultsParam>,
@@ -425,6 +467,7 @@ pub struct ToolsetParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolsetConfigParam {
     pub name: ToolsetTool,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
@@ -442,6 +485,7 @@ pub struct ToolsetConfigParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpToolsetParam {
     pub mcp_server_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -451,6 +495,7 @@ pub struct McpToolsetParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct McpToolConfigParam {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -460,6 +505,7 @@ pub struct McpToolConfigParam {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SkillParam {
     #[serde(rename = "type")]
     pub kind: SkillKind,

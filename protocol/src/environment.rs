@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 /// `BetaEnvironment`. Mango runs `self_hosted` Environments only.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Environment {
     pub id: String,
     #[serde(rename = "type")]
@@ -14,15 +15,19 @@ pub struct Environment {
     pub config: serde_json::Value,
     pub metadata: BTreeMap<String, String>,
     pub scope: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub created_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub updated_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub archived_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EnvironmentDeleted {
     pub id: String,
     #[serde(rename = "type")]
@@ -32,6 +37,7 @@ pub struct EnvironmentDeleted {
 /// `config`: Mango runs `self_hosted` Environments only; which other types
 /// exist, and what to answer for them, is the api's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EnvironmentConfig {
     #[serde(rename = "type")]
     pub kind: String,
@@ -49,7 +55,9 @@ crate::wire_enum! {
 
 /// `POST /v1/environments`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateEnvironment {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -63,10 +71,13 @@ pub struct CreateEnvironment {
 
 /// `POST /v1/environments/{id}`: fields absent are kept.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateEnvironment {
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, min_length = 1))]
     pub name: Patch<String>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub description: Patch<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<EnvironmentConfig>,
@@ -74,5 +85,6 @@ pub struct UpdateEnvironment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Patch::is_absent")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Scope>))]
     pub scope: Patch<Scope>,
 }

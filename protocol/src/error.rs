@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorEnvelope {
     #[serde(rename = "type")]
     pub kind: String,
@@ -14,6 +15,7 @@ pub struct ErrorEnvelope {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     #[serde(rename = "type")]
     pub kind: String,
@@ -37,6 +39,7 @@ impl ErrorEnvelope {
 
 /// `error.type`: the class of an error, with the HTTP status that carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorType {
     InvalidRequestError,

@@ -16,15 +16,17 @@ use serde_json::{Map, Value};
 
 /// One event of a Session's log, as stored and served.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     pub id: String,
     #[serde(flatten)]
     pub body: EventBody,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(default, with = "serde_ts::option")]
     pub processed_at: Option<Timestamp>,
 }
 
-/// What an event says, by its `type`.
+/// What an event says, by its `type`. (Its OpenAPI schema is `crate::schema`'s.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum EventBody {
@@ -195,17 +197,20 @@ impl<'a> CallAnswer<'a> {
 // ------------------------------------------------------------------ user and system events
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserMessage {
     pub content: Vec<ContentBlock>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserInterrupt {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_thread_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Confirmation {
     Allow,
@@ -213,16 +218,19 @@ pub enum Confirmation {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserToolConfirmation {
     pub tool_use_id: String,
     pub result: Confirmation,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(read_only))]
     pub session_thread_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserToolResult {
     pub tool_use_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -231,10 +239,12 @@ pub struct UserToolResult {
     pub is_error: Option<bool>,
     /// Set by the server: the thread of the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(read_only))]
     pub session_thread_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserCustomToolResult {
     pub custom_tool_use_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -242,10 +252,12 @@ pub struct UserCustomToolResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub is_error: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(read_only))]
     pub session_thread_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UserDefineOutcome {
     pub description: String,
     pub rubric: Rubric,
@@ -254,6 +266,7 @@ pub struct UserDefineOutcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Rubric {
     Text { content: String },
@@ -261,6 +274,7 @@ pub enum Rubric {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SystemMessage {
     pub content: Vec<ContentBlock>,
 }
@@ -268,6 +282,7 @@ pub struct SystemMessage {
 // ------------------------------------------------------------------ agent events
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentMessage {
     pub content: Vec<ContentBlock>,
 }
@@ -275,6 +290,7 @@ pub struct AgentMessage {
 /// `evaluated_permission` of a tool call. Absent means allow; a value this
 /// reader does not know counts as ask (SDK behaviour).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Permission {
     Allow,
@@ -301,6 +317,7 @@ impl Permission {
 
 /// How the agent's policy evaluated a tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Evaluation {
     AlwaysAllow,
@@ -311,6 +328,7 @@ pub enum Evaluation {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentToolUse {
     pub name: String,
     #[serde(default)]
@@ -334,6 +352,7 @@ impl AgentToolUse {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentCustomToolUse {
     pub name: String,
     #[serde(default)]
@@ -345,11 +364,13 @@ pub struct AgentCustomToolUse {
 // ------------------------------------------------------------------ session and span events
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionStatusIdle {
     pub stop_reason: StopReason,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StopReason {
     EndTurn,
@@ -372,11 +393,13 @@ impl StopReason {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionError {
     pub error: SessionErrorDetail,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionErrorDetail {
     #[serde(rename = "type")]
     pub kind: SessionErrorType,
@@ -386,6 +409,7 @@ pub struct SessionErrorDetail {
 
 /// `session.error.error.type`: the ones Mango writes; the SDK lists more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionErrorType {
     ModelOverloadedError,
@@ -398,6 +422,7 @@ pub enum SessionErrorType {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RetryStatus {
     Retrying,
@@ -406,6 +431,7 @@ pub enum RetryStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ThreadStatusTerminated {
     pub session_thread_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -413,6 +439,7 @@ pub struct ThreadStatusTerminated {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelRequestEnd {
     pub model_request_start_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -421,6 +448,7 @@ pub struct ModelRequestEnd {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelUsage {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -433,6 +461,7 @@ pub struct ModelUsage {
 /// An event a client sends (`POST /v1/sessions/{id}/events`,
 /// `initial_events`). Who may send which is the api's rule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type")]
 pub enum SentEvent {
     #[serde(rename = "user.message")]

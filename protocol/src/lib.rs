@@ -10,6 +10,8 @@ pub mod error;
 pub mod events;
 pub mod page;
 pub mod patch;
+#[cfg(feature = "openapi")]
+mod schema;
 pub mod sessions;
 pub mod strict;
 pub mod time;

@@ -20,6 +20,7 @@ wire_enum! {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Session {
     pub id: String,
     #[serde(rename = "type")]
@@ -36,16 +37,20 @@ pub struct Session {
     pub vault_ids: Vec<String>,
     pub budget: Option<Value>,
     pub deployment_id: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub created_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub updated_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub archived_at: Option<Timestamp>,
 }
 
 /// The literal `"session"`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum SessionObject {
     #[default]
     #[serde(rename = "session")]
@@ -53,6 +58,7 @@ pub enum SessionObject {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionStats {
     pub active_seconds: Option<f64>,
     pub duration_seconds: Option<f64>,
@@ -61,6 +67,7 @@ pub struct SessionStats {
 /// What a Session attaches. A repository's `authorization_token` is taken
 /// on creation and never stored or echoed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SessionResource {
     MemoryStore(MemoryStoreResource),
@@ -69,6 +76,7 @@ pub enum SessionResource {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MemoryStoreResource {
     pub memory_store_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +92,7 @@ pub struct MemoryStoreResource {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MemoryAccess {
     ReadWrite,
@@ -91,6 +100,7 @@ pub enum MemoryAccess {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FileResource {
     pub file_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +108,7 @@ pub struct FileResource {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RepositoryResource {
     pub url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +124,7 @@ pub struct RepositoryResource {
 
 /// `POST /v1/sessions`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateSession {
     pub agent: AgentRef,
     pub environment_id: String,
@@ -124,6 +136,7 @@ pub struct CreateSession {
     pub title: Option<String>,
     /// Parsed one by one as [`crate::events::SentEvent`]s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<crate::events::SentEvent>>))]
     pub initial_events: Option<Vec<Value>>,
     /// Refused unless empty: Mango has no vaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,6 +148,7 @@ pub struct CreateSession {
 
 /// `agent`: an Agent id (its latest version), or `{type?, id, version?}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum AgentRef {
     Id(String),
@@ -153,6 +167,7 @@ impl<'de> Deserialize<'de> for AgentRef {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentVersionRef {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
@@ -164,19 +179,23 @@ pub struct AgentVersionRef {
 /// `POST /v1/sessions/{id}/events`; each event is parsed as a
 /// [`crate::events::SentEvent`], so a refusal names its index.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SendEvents {
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<crate::events::SentEvent>, min_items = 1))]
     pub events: Vec<Value>,
 }
 
 /// The answer to [`SendEvents`]: each event as stored (a retried result
 /// gets the event that answered first).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SentEvents {
     pub data: Vec<Event>,
 }
 
 /// A page of Sessions: cursors both ways.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionPage {
     pub data: Vec<Session>,
     pub next_page: Option<String>,
@@ -184,6 +203,7 @@ pub struct SessionPage {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionDeleted {
     pub id: String,
     #[serde(rename = "type")]

@@ -51,6 +51,23 @@ macro_rules! wire_enum {
             }
         }
 
+        /// A string of its wire names. (Written out, not derived: the derive
+        /// cannot read a `serde(rename)` whose name is a macro argument.)
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some(
+                        <Self as $crate::work::WireEnum>::ALL.iter().map(|v| v.as_str()),
+                    ))
+                    .into()
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
+
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
@@ -80,6 +97,7 @@ wire_enum! {
 
 /// What a Work item is for: a Session activation or an Environment healthcheck.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkData {
     Session { id: String },
@@ -113,6 +131,7 @@ wire_enum! {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckResult {
     pub status: CheckStatus,
     pub message: String,
@@ -120,6 +139,7 @@ pub struct CheckResult {
 
 /// `BetaSelfHostedWork`, plus Mango's healthcheck fields.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Work {
     pub id: String,
     #[serde(rename = "type")]
@@ -128,20 +148,27 @@ pub struct Work {
     pub data: WorkData,
     pub metadata: BTreeMap<String, String>,
     pub state: WorkState,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     #[serde(with = "serde_ts")]
     pub created_at: Timestamp,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub acknowledged_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub started_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub latest_heartbeat_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub stop_requested_at: Option<Timestamp>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub stopped_at: Option<Timestamp>,
     /// Only a Poll response carries it.
     pub secret: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub expires_at: Option<Timestamp>,
     pub result: Option<CheckResult>,
@@ -157,6 +184,7 @@ pub struct Work {
 /// key): where the items this key claimed stand, so a supervisor can
 /// remove a sandbox whose Work stopped or was reclaimed by someone else.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkClaims {
     #[serde(rename = "type")]
     pub kind: String,
@@ -165,11 +193,13 @@ pub struct WorkClaims {
 
 /// One item a key claimed: its state now and its current claim's number.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimState {
     pub id: String,
     pub state: WorkState,
     pub claim: i64,
     #[serde(with = "serde_ts::option")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     pub stop_requested_at: Option<Timestamp>,
     /// The claim no longer holds the item: its lease ran out (or, before
     /// Ack, the pending claim lapsed), so any Poll may take it now. The
@@ -182,6 +212,7 @@ pub struct ClaimState {
 /// Environment key): which of the Session ids asked about name no Session
 /// of the Environment any more, so their workspaces (volumes, PVCs) can go.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeletedSessions {
     #[serde(rename = "type")]
     pub kind: String,
@@ -195,6 +226,7 @@ pub struct WorkSecret {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatResponse {
     #[serde(rename = "type")]
     pub kind: String,
@@ -215,11 +247,13 @@ pub struct LeaseStateBody {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueStats {
     #[serde(rename = "type")]
     pub kind: String,
     pub depth: i64,
     pub pending: i64,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
     #[serde(with = "serde_ts::option")]
     pub oldest_queued_at: Option<Timestamp>,
     pub workers_polling: Option<i64>,
@@ -230,6 +264,7 @@ pub struct QueueStats {
 /// `POST /v1/environments/{id}/work`: healthchecks only (Session Work is
 /// created by Session admission).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreateWork {
     pub data: WorkData,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,6 +273,7 @@ pub struct CreateWork {
 
 /// `POST /v1/environments/{id}/work/{work_id}`: a metadata patch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpdateWork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
@@ -245,6 +281,7 @@ pub struct UpdateWork {
 
 /// `…/heartbeat`'s JSON body; the SDK sends the same fields as query parameters.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HeartbeatParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_last_heartbeat: Option<String>,
@@ -254,6 +291,7 @@ pub struct HeartbeatParams {
 
 /// `…/stop`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StopWork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force: Option<bool>,
@@ -278,6 +316,7 @@ impl From<ReportedStatus> for CheckStatus {
 
 /// `…/result` (sessions token, healthchecks).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkResult {
     pub status: ReportedStatus,
     pub message: String,
@@ -285,11 +324,14 @@ pub struct WorkResult {
 
 /// `…/fail` (sessions token): a permanent, immutable-input error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FailWork {
     pub error: FailReason,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FailReason {
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub message: String,
 }

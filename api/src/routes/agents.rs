@@ -7,23 +7,25 @@ use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{body_coded, optional_body_coded, Params, RawBody};
 use crate::ids;
+use crate::openapi::{Conflicts, Missing, Refusals, TooLarge};
 use crate::service::agents::{self as agent_service, Updated};
 use crate::store::agents::{self, AgentRow};
 use crate::store::cursor;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use mango_protocol::agents::{Agent, CreateAgent, UpdateAgent};
 use mango_protocol::{time, ErrorCode, Page};
 use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/agents", post(create).get(list))
-        .route("/v1/agents/{agent}", get(retrieve).post(update))
-        .route("/v1/agents/{agent}/archive", post(archive))
-        .route("/v1/agents/{agent}/versions", get(versions))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(retrieve, update))
+        .routes(routes!(archive))
+        .routes(routes!(versions))
 }
 
 fn not_found(agent: &str) -> ApiError {
@@ -32,6 +34,15 @@ fn not_found(agent: &str) -> ApiError {
 
 // ---- handlers ---------------------------------------------------------------
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents",
+    tag = "Agents",
+    operation_id = "createAgent",
+    request_body = CreateAgent,
+    responses((status = 200, description = "The new Agent, version 1", body = Agent), Refusals, Conflicts, TooLarge),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn create(
     State(ctx): State<ApiContext>,
     headers: HeaderMap,
@@ -51,6 +62,18 @@ async fn create(
     Ok(Json(row.render()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{agent_id}",
+    tag = "Agents",
+    operation_id = "retrieveAgent",
+    params(
+        ("agent_id" = String, Path, description = "The Agent"),
+        ("version" = Option<i64>, Query, minimum = 1, maximum = 2147483647, description = "A version (default the latest)"),
+    ),
+    responses((status = 200, description = "The Agent at that version", body = Agent), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn retrieve(
     State(ctx): State<ApiContext>,
     Path(agent): Path<String>,
@@ -72,6 +95,19 @@ async fn retrieve(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{agent_id}",
+    tag = "Agents",
+    operation_id = "updateAgent",
+    params(("agent_id" = String, Path, description = "The Agent")),
+    request_body = Option<UpdateAgent>,
+    responses(
+        (status = 200, description = "The Agent at its new version (or unchanged when nothing changed)", body = Agent),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn update(
     State(ctx): State<ApiContext>,
     Path(agent): Path<String>,
@@ -115,6 +151,21 @@ async fn update(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    tag = "Agents",
+    operation_id = "listAgents",
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Items per page (default 20)"),
+        ("page" = Option<String>, Query, description = "A `next_page` cursor of an earlier page"),
+        ("include_archived" = Option<bool>, Query, description = "Also list archived Agents"),
+        ("created_at[gte]" = Option<String>, Query, format = DateTime, description = "Created at or after (RFC 3339)"),
+        ("created_at[lte]" = Option<String>, Query, format = DateTime, description = "Created at or before (RFC 3339)"),
+    ),
+    responses((status = 200, description = "A page of Agents (their latest versions), newest first", body = Page<Agent>), Refusals),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn list(
     State(ctx): State<ApiContext>,
     RawQuery(query): RawQuery,
@@ -150,6 +201,19 @@ async fn list(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{agent_id}/versions",
+    tag = "Agents",
+    operation_id = "listAgentVersions",
+    params(
+        ("agent_id" = String, Path, description = "The Agent"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Items per page (default 20)"),
+        ("page" = Option<String>, Query, description = "A `next_page` cursor of an earlier page"),
+    ),
+    responses((status = 200, description = "A page of the Agent's versions, newest first", body = Page<Agent>), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn versions(
     State(ctx): State<ApiContext>,
     Path(agent): Path<String>,
@@ -185,6 +249,15 @@ async fn versions(
     }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{agent_id}/archive",
+    tag = "Agents",
+    operation_id = "archiveAgent",
+    params(("agent_id" = String, Path, description = "The Agent")),
+    responses((status = 200, description = "The archived Agent", body = Agent), Refusals, Missing, Conflicts),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn archive(
     State(ctx): State<ApiContext>,
     Path(agent): Path<String>,

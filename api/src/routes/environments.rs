@@ -4,33 +4,32 @@ use crate::auth::operator;
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{body, check_len, optional_body, Params, RawBody};
+use crate::openapi::{Conflicts, Missing, Refusals, TooLarge};
 use crate::service::environments::{self as environment_service, find_environment};
 use crate::store::cursor;
 use crate::store::environments::{self, EnvironmentRow};
 use crate::{ids, metadata};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use mango_protocol::patch::Patch;
 use mango_protocol::{
     time, CreateEnvironment, Environment, EnvironmentConfig, EnvironmentDeleted, ErrorCode, Page,
     UpdateEnvironment,
 };
 use serde_json::{json, Value};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 const MAX_NAME_CHARS: usize = 256;
 const MAX_DESCRIPTION_CHARS: usize = 2048;
 const SELF_HOSTED: &str = "self_hosted";
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/environments", post(create).get(list))
-        .route(
-            "/v1/environments/{env}",
-            get(retrieve).post(update).delete(delete),
-        )
-        .route("/v1/environments/{env}/archive", post(archive))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(retrieve, update, delete))
+        .routes(routes!(archive))
 }
 
 /// `config` must be `{"type":"self_hosted"}`.
@@ -68,6 +67,15 @@ fn description(value: Option<&str>) -> ApiResult<Option<String>> {
     Ok(value.map(str::to_string))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/environments",
+    tag = "Environments",
+    operation_id = "createEnvironment",
+    request_body = CreateEnvironment,
+    responses((status = 200, description = "The new Environment", body = Environment), Refusals, Conflicts, TooLarge),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn create(
     State(ctx): State<ApiContext>,
     headers: HeaderMap,
@@ -96,6 +104,15 @@ async fn create(
     Ok(Json(saved.render()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}",
+    tag = "Environments",
+    operation_id = "retrieveEnvironment",
+    params(("environment_id" = String, Path, description = "The Environment")),
+    responses((status = 200, description = "The Environment", body = Environment), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn retrieve(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -107,6 +124,16 @@ async fn retrieve(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}",
+    tag = "Environments",
+    operation_id = "updateEnvironment",
+    params(("environment_id" = String, Path, description = "The Environment")),
+    request_body = Option<UpdateEnvironment>,
+    responses((status = 200, description = "The updated Environment", body = Environment), Refusals, Missing, Conflicts, TooLarge),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn update(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -148,6 +175,19 @@ async fn update(
     Ok(Json(saved.render()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/environments",
+    tag = "Environments",
+    operation_id = "listEnvironments",
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Items per page (default 20)"),
+        ("page" = Option<String>, Query, description = "A `next_page` cursor of an earlier page"),
+        ("include_archived" = Option<bool>, Query, description = "Also list archived Environments"),
+    ),
+    responses((status = 200, description = "A page of Environments, newest first", body = Page<Environment>), Refusals),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn list(
     State(ctx): State<ApiContext>,
     RawQuery(query): RawQuery,
@@ -173,6 +213,15 @@ async fn list(
     }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/environments/{environment_id}",
+    tag = "Environments",
+    operation_id = "deleteEnvironment",
+    params(("environment_id" = String, Path, description = "The Environment")),
+    responses((status = 200, description = "Deleted", body = EnvironmentDeleted), Refusals, Missing, Conflicts),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn delete(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -187,6 +236,15 @@ async fn delete(
 }
 
 /// Archive: idempotent; an archived Environment gets no new Work.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/archive",
+    tag = "Environments",
+    operation_id = "archiveEnvironment",
+    params(("environment_id" = String, Path, description = "The Environment")),
+    responses((status = 200, description = "The archived Environment", body = Environment), Refusals, Missing, Conflicts),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn archive(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,

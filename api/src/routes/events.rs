@@ -8,6 +8,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::event_shapes;
 use crate::extract::{body, Params, RawBody};
 use crate::metrics::Metrics;
+use crate::openapi::{Conflicts, EventTypeName, Missing, Refusals, StreamFrame, TooLarge};
 use crate::service::admission::{self, Admission};
 use crate::session_rules::Sender;
 use crate::store::cursor;
@@ -17,11 +18,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use mango_protocol::events::EVENT_TYPES;
-use mango_protocol::sessions::SendEvents;
+use mango_protocol::sessions::{SendEvents, SentEvents};
 use mango_protocol::ErrorCode;
+use mango_protocol::Page;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -29,6 +30,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// A live stream re-checks its credential this often (spec §2).
 const CREDENTIAL_RECHECK: Duration = Duration::from_secs(1);
@@ -36,13 +39,10 @@ const CREDENTIAL_RECHECK: Duration = Duration::from_secs(1);
 /// notification was lost; the shared feed covers everything else.
 const SAFETY_READ_EVERY_TICKS: u64 = 5;
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route(
-            "/v1/sessions/{id}/events",
-            get(list_events).post(send_events),
-        )
-        .route("/v1/sessions/{id}/events/stream", get(stream))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(list_events, send_events))
+        .routes(routes!(stream))
 }
 
 /// A page of events, as stored.
@@ -59,6 +59,25 @@ pub struct SentEventBodies {
 }
 
 /// List: ascending by default, `limit` up to 1000, complete cursor pages.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session_id}/events",
+    tag = "Events",
+    operation_id = "listEvents",
+    params(
+        ("session_id" = String, Path, description = "The Session"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Events per page (default 100)"),
+        ("page" = Option<String>, Query, description = "A `next_page` cursor of an earlier page"),
+        ("order" = Option<String>, Query, pattern = "^(asc|desc)$", description = "`asc` (default) or `desc`"),
+        ("types[]" = Option<Vec<EventTypeName>>, Query, style = Form, explode, description = "Only events of these types"),
+        ("created_at[gt]" = Option<String>, Query, format = DateTime, description = "Created after (RFC 3339)"),
+        ("created_at[gte]" = Option<String>, Query, format = DateTime, description = "Created at or after (RFC 3339)"),
+        ("created_at[lt]" = Option<String>, Query, format = DateTime, description = "Created before (RFC 3339)"),
+        ("created_at[lte]" = Option<String>, Query, format = DateTime, description = "Created at or before (RFC 3339)"),
+    ),
+    responses((status = 200, description = "A page of the Session's events, as stored", body = Page<mango_protocol::events::Event>), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn list_events(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
@@ -108,6 +127,19 @@ async fn list_events(
 /// Send: `{events: […]}` → `{data: […]}`, admitted in one transaction that
 /// holds the Session's row lock, except a worker's single tool result,
 /// which takes the one-statement fenced path when nothing stands in its way.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session_id}/events",
+    tag = "Events",
+    operation_id = "sendEvents",
+    params(("session_id" = String, Path, description = "The Session")),
+    request_body = SendEvents,
+    responses(
+        (status = 200, description = "Each event as stored", body = SentEvents),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn send_events(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
@@ -202,6 +234,18 @@ fn admitted_reply(
 /// opening plus the stream covers every event. The credential is re-checked
 /// each second and the stream closes once it is no longer valid (a stopped
 /// or reclaimed token, a revoked Workspace key).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session_id}/events/stream",
+    tag = "Events",
+    operation_id = "streamEvents",
+    params(("session_id" = String, Path, description = "The Session")),
+    responses(
+        (status = 200, description = "Server-sent events: each frame's `event:` is the event's `type` and its `data:` the event as JSON (an `Event`); `event: ping` with `{}` keeps the stream alive", content_type = "text/event-stream", body = StreamFrame),
+        Refusals, Missing,
+    ),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn stream(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,

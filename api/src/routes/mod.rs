@@ -11,29 +11,42 @@ use crate::context::ApiContext;
 use crate::error::{ApiError, REQUEST_ID};
 use crate::extract::MAX_BODY_BYTES;
 use crate::ids;
+use crate::openapi::{self, Health};
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::HeaderValue;
+use axum::http::{header, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
-use mango_protocol::ErrorType;
-use serde_json::json;
+use mango_protocol::{ErrorEnvelope, ErrorType};
+use std::sync::LazyLock;
 use std::time::Instant;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-pub fn router(ctx: ApiContext) -> Router {
-    Router::new()
+/// Every operation, with its OpenAPI description: the router that serves
+/// them is the one that documents them (`utoipa_axum::routes!`).
+fn operations() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(agents::router())
         .merge(environments::router())
         .merge(work::router())
         .merge(sessions::router())
         .merge(events::router())
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(ready))
-        .route(
-            "/metrics",
-            get(|State(ctx): State<ApiContext>| async move { ctx.metrics.render() }),
-        )
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_json))
+}
+
+/// The OpenAPI document of every route [`router`] serves.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    openapi::finish(operations().split_for_parts().1)
+}
+
+pub fn router(ctx: ApiContext) -> Router {
+    let (routes, _) = operations().split_for_parts();
+    routes
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -51,9 +64,37 @@ pub fn router(ctx: ApiContext) -> Router {
         .with_state(ctx)
 }
 
-async fn ready(State(ctx): State<ApiContext>) -> Response {
+/// Liveness: the process serves requests.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "Operations",
+    operation_id = "healthz",
+    responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Health))
+)]
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+/// Readiness: the database answers.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "Operations",
+    operation_id = "readyz",
+    responses(
+        (status = 200, description = "`{\"status\": \"ready\"}`", body = Health),
+        (status = 503, description = "The database is unreachable (`overloaded_error`)", body = ErrorEnvelope),
+    )
+)]
+async fn readyz(State(ctx): State<ApiContext>) -> Response {
     match crate::store::ping(&ctx.db).await {
-        Ok(_) => Json(json!({"status": "ready"})).into_response(),
+        Ok(_) => Json(Health {
+            status: "ready".into(),
+        })
+        .into_response(),
         Err(_) => ApiError::unavailable("database unreachable").into_response(),
     }
 }
@@ -69,6 +110,35 @@ async fn refuse_nul_in_path(req: Request, next: Next) -> Response {
         .into_response();
     }
     next.run(req).await
+}
+
+/// Prometheus counters, in the text exposition format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "Operations",
+    operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String))
+)]
+async fn metrics(State(ctx): State<ApiContext>) -> String {
+    ctx.metrics.render()
+}
+
+/// This document (docs/openapi.json).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "Operations",
+    operation_id = "openapi",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = Object))
+)]
+async fn openapi_json() -> Response {
+    static DOCUMENT: LazyLock<String> = LazyLock::new(|| openapi::to_json(&openapi()));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        DOCUMENT.as_str(),
+    )
+        .into_response()
 }
 
 /// Gives every request an id (in the `request-id` header and any error body)

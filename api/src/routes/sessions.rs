@@ -8,33 +8,47 @@ use crate::error::{ApiError, ApiResult};
 use crate::event_shapes;
 use crate::extract::{body, check_len, Params, RawBody};
 use crate::metadata;
+use crate::openapi::{Conflicts, Missing, Refusals, TooLarge};
 use crate::service::environments::find_environment;
 use crate::service::sessions::{self as session_service, NewSession};
 use crate::store::sessions::{self, ListFilter, SessionRow};
 use crate::store::{agents, cursor};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use mango_protocol::events::SentEvent;
 use mango_protocol::sessions::{
     AgentRef, CreateSession, Session, SessionDeleted, SessionPage, SessionStatus,
 };
 use mango_protocol::{time, ErrorCode};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 const MAX_TITLE_CHARS: usize = 500;
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/sessions", post(create).get(list))
-        .route("/v1/sessions/{id}", get(retrieve).delete(delete))
-        .route("/v1/sessions/{id}/archive", post(archive))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(retrieve, delete))
+        .routes(routes!(archive))
 }
 
 fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("session {id} not found")).code(ErrorCode::SessionNotFound)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "Sessions",
+    operation_id = "createSession",
+    request_body = CreateSession,
+    responses(
+        (status = 200, description = "The new Session", body = Session),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn create(
     State(ctx): State<ApiContext>,
     headers: HeaderMap,
@@ -127,6 +141,15 @@ async fn create(
     Ok(Json(session.render()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session_id}",
+    tag = "Sessions",
+    operation_id = "retrieveSession",
+    params(("session_id" = String, Path, description = "The Session")),
+    responses((status = 200, description = "The Session", body = Session), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn retrieve(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
@@ -138,6 +161,22 @@ async fn retrieve(
 }
 
 /// List: newest first by default; `next_page` and `prev_page` cursors.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "Sessions",
+    operation_id = "listSessions",
+    params(
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Items per page (default 20)"),
+        ("page" = Option<String>, Query, description = "A `next_page` or `prev_page` cursor of an earlier page"),
+        ("order" = Option<String>, Query, pattern = "^(asc|desc)$", description = "`desc` (default) or `asc` by creation"),
+        ("statuses[]" = Option<Vec<SessionStatus>>, Query, style = Form, explode, description = "Only Sessions in these statuses"),
+        ("agent_id" = Option<String>, Query, description = "Only this Agent's Sessions"),
+        ("include_archived" = Option<bool>, Query, description = "Also list archived Sessions"),
+    ),
+    responses((status = 200, description = "A page of Sessions", body = SessionPage), Refusals),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn list(
     State(ctx): State<ApiContext>,
     RawQuery(query): RawQuery,
@@ -201,6 +240,15 @@ async fn list(
     }))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session_id}/archive",
+    tag = "Sessions",
+    operation_id = "archiveSession",
+    params(("session_id" = String, Path, description = "The Session")),
+    responses((status = 200, description = "The archived Session", body = Session), Refusals, Missing, Conflicts),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn archive(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,
@@ -216,6 +264,15 @@ async fn archive(
     Ok(Json(row.render()))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{session_id}",
+    tag = "Sessions",
+    operation_id = "deleteSession",
+    params(("session_id" = String, Path, description = "The Session")),
+    responses((status = 200, description = "Deleted", body = SessionDeleted), Refusals, Missing, Conflicts),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn delete(
     State(ctx): State<ApiContext>,
     Path(id): Path<String>,

@@ -7,6 +7,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{body, check_len, optional_body, Params, RawBody};
 use crate::lease;
 use crate::metadata;
+use crate::openapi::{Conflicts, Missing, PreconditionFailed, Refusals, TooLarge};
 use crate::service::environments::find_environment;
 use crate::service::fail as fail_service;
 use crate::service::poll::{self, PollRequest};
@@ -17,8 +18,7 @@ use crate::store::work::{self, WorkRow};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::Duration;
 use mango_protocol::time;
 use mango_protocol::{
@@ -26,33 +26,26 @@ use mango_protocol::{
     HeartbeatResponse, Page, QueueStats, StopWork, UpdateWork, Work, WorkClaims, WorkData,
     WorkResult, NO_HEARTBEAT,
 };
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub const MAX_RESULT_MESSAGE_CHARS: usize = 1024;
 pub const MAX_WORKER_ID_CHARS: usize = 256;
 const MAX_RECLAIM_MS: i64 = 24 * 3600 * 1000;
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/environments/{env}/work", post(create).get(list))
-        .route("/v1/environments/{env}/work/poll", get(poll))
-        .route("/v1/environments/{env}/work/stats", get(stats))
-        .route("/v1/environments/{env}/work/claims", get(claims))
-        .route(
-            "/v1/environments/{env}/sessions/deleted",
-            get(deleted_sessions),
-        )
-        .route(
-            "/v1/environments/{env}/work/{work}",
-            get(retrieve).post(update),
-        )
-        .route("/v1/environments/{env}/work/{work}/ack", post(ack))
-        .route(
-            "/v1/environments/{env}/work/{work}/heartbeat",
-            post(heartbeat),
-        )
-        .route("/v1/environments/{env}/work/{work}/stop", post(stop))
-        .route("/v1/environments/{env}/work/{work}/result", post(result))
-        .route("/v1/environments/{env}/work/{work}/fail", post(fail))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(poll))
+        .routes(routes!(stats))
+        .routes(routes!(claims))
+        .routes(routes!(deleted_sessions))
+        .routes(routes!(retrieve, update))
+        .routes(routes!(ack))
+        .routes(routes!(heartbeat))
+        .routes(routes!(stop))
+        .routes(routes!(result))
+        .routes(routes!(fail))
 }
 
 /// The item as of now (reads show reconciled state).
@@ -63,6 +56,19 @@ fn render_now(row: &WorkRow) -> Json<Work> {
 // ------------------------------------------------------------------ operator endpoints
 
 /// Create (Workspace key): a healthcheck. Session Work comes from Session admission.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work",
+    tag = "Work",
+    operation_id = "createWork",
+    params(("environment_id" = String, Path, description = "The Environment")),
+    request_body = CreateWork,
+    responses(
+        (status = 201, description = "The new healthcheck, `queued`", body = Work),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn create(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -88,6 +94,16 @@ async fn create(
     Ok((StatusCode::CREATED, render_now(&row)).into_response())
 }
 
+/// Update merges metadata: a string upserts, null deletes.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}/work/{work_id}",
+    tag = "Work",
+    operation_id = "retrieveWork",
+    params(("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item")),
+    responses((status = 200, description = "The Work item, time-driven transitions applied", body = Work), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn retrieve(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,
@@ -98,7 +114,16 @@ async fn retrieve(
     Ok(render_now(&work_service::find(&mut conn, &env, &id).await?))
 }
 
-/// Update merges metadata: a string upserts, null deletes.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work/{work_id}",
+    tag = "Work",
+    operation_id = "updateWork",
+    params(("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item")),
+    request_body = UpdateWork,
+    responses((status = 200, description = "The updated Work item", body = Work), Refusals, Missing, Conflicts, TooLarge),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn update(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,
@@ -117,6 +142,19 @@ async fn update(
 }
 
 /// List: newest first, cursor pages.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}/work",
+    tag = "Work",
+    operation_id = "listWork",
+    params(
+        ("environment_id" = String, Path, description = "The Environment"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100, description = "Items per page (default 20)"),
+        ("page" = Option<String>, Query, description = "A `next_page` cursor of an earlier page"),
+    ),
+    responses((status = 200, description = "A page of Work, newest first", body = Page<Work>), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn list(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -139,6 +177,15 @@ async fn list(
 }
 
 /// Stats: Workspace key, or the Environment's own key.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}/work/stats",
+    tag = "Work",
+    operation_id = "workStats",
+    params(("environment_id" = String, Path, description = "The Environment")),
+    responses((status = 200, description = "The Environment's queue", body = QueueStats), Refusals, Missing),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn stats(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -167,6 +214,24 @@ async fn stats(
 
 /// Poll (Environment key): claim the oldest available item, or wait up to
 /// `block_ms` for one; `null` when there is none.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}/work/poll",
+    tag = "Work",
+    operation_id = "pollWork",
+    params(
+        ("environment_id" = String, Path, description = "The Environment"),
+        ("block_ms" = Option<i64>, Query, minimum = 1, maximum = 999, description = "Wait up to this long for an item"),
+        ("reclaim_older_than_ms" = Option<i64>, Query, minimum = 0, maximum = 86400000, description = "Reclaim pending claims older than this (default 5000)"),
+        ("worker_id" = Option<String>, Query, max_length = 256, description = "The polling worker (or the `anthropic-worker-id` header)"),
+        ("anthropic-worker-id" = Option<String>, Header, nullable = false, max_length = 256, description = "The polling worker"),
+    ),
+    responses(
+        (status = 200, description = "The claimed item with its `secret`, or `null` when there is none", body = Option<Work>),
+        Refusals, Missing,
+    ),
+    security(("bearer" = []))
+)]
 async fn poll(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -210,6 +275,18 @@ pub const MAX_CLAIMS_PER_REQUEST: usize = 100;
 /// Claims (Environment key; Mango's extension): where the items `ids[]`
 /// stand that this key claimed, reconciled as every read is. Items another
 /// key claimed, or none, are left out, so a supervisor learns only of its own.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}/work/claims",
+    tag = "Work",
+    operation_id = "workClaims",
+    params(
+        ("environment_id" = String, Path, description = "The Environment"),
+        ("ids[]" = Option<Vec<String>>, Query, style = Form, explode, description = "Work ids, at most 100"),
+    ),
+    responses((status = 200, description = "The listed items this key claimed, with their state, claim number and whether the lease was lost", body = WorkClaims), Refusals),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn claims(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -257,6 +334,18 @@ async fn claims(
 /// Session ids `ids[]` name no Session of this Environment now, so a
 /// supervisor can remove the workspaces it keeps for them. It says nothing
 /// of a Session but whether it still exists here.
+#[utoipa::path(
+    get,
+    path = "/v1/environments/{environment_id}/sessions/deleted",
+    tag = "Work",
+    operation_id = "deletedSessions",
+    params(
+        ("environment_id" = String, Path, description = "The Environment"),
+        ("ids[]" = Option<Vec<String>>, Query, style = Form, explode, description = "Session ids, at most 100"),
+    ),
+    responses((status = 200, description = "The listed ids that name no Session of this Environment now", body = DeletedSessions), Refusals),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn deleted_sessions(
     State(ctx): State<ApiContext>,
     Path(env): Path<String>,
@@ -293,6 +382,15 @@ async fn deleted_sessions(
 }
 
 /// Ack (Environment key): the pending claim becomes `starting`.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work/{work_id}/ack",
+    tag = "Work",
+    operation_id = "ackWork",
+    params(("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item")),
+    responses((status = 200, description = "The acknowledged item, `starting`", body = Work), Refusals, Missing, Conflicts),
+    security(("bearer" = []))
+)]
 async fn ack(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,
@@ -309,6 +407,23 @@ async fn ack(
 
 /// Heartbeat (sessions token): `expected_last_heartbeat` and `desired_ttl_seconds`
 /// from the query string (as the SDK sends them) or a JSON body.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work/{work_id}/heartbeat",
+    tag = "Work",
+    operation_id = "heartbeatWork",
+    params(
+        ("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item"),
+        ("expected_last_heartbeat" = Option<String>, Query, description = "`NO_HEARTBEAT` on the first beat, then the previous response's `last_heartbeat` (or in the body)"),
+        ("desired_ttl_seconds" = Option<i64>, Query, minimum = 1, maximum = 300, description = "The lease TTL to set (or in the body)"),
+    ),
+    request_body = Option<HeartbeatParams>,
+    responses(
+        (status = 200, description = "The lease after this beat", body = HeartbeatResponse),
+        Refusals, Missing, Conflicts, PreconditionFailed, TooLarge,
+    ),
+    security(("bearer" = []))
+)]
 async fn heartbeat(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,
@@ -360,6 +475,19 @@ async fn heartbeat(
 }
 
 /// Stop: the holder's token for its own Work, or a Workspace key for any.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work/{work_id}/stop",
+    tag = "Work",
+    operation_id = "stopWork",
+    params(("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item")),
+    request_body = Option<StopWork>,
+    responses(
+        (status = 204, description = "Stopped, or `stopping` until the lease runs out"),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []), ("x_api_key" = []))
+)]
 async fn stop(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,
@@ -386,6 +514,19 @@ async fn stop(
 }
 
 /// Result (sessions token, healthchecks): store the outcome and stop, atomically.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work/{work_id}/result",
+    tag = "Work",
+    operation_id = "workResult",
+    params(("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item")),
+    request_body = WorkResult,
+    responses(
+        (status = 200, description = "The stopped healthcheck with its result", body = Work),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []))
+)]
 async fn result(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,
@@ -409,6 +550,19 @@ async fn result(
 
 /// Fail (sessions token): a permanent, immutable-input error ends the Work
 /// and terminates its Session.
+#[utoipa::path(
+    post,
+    path = "/v1/environments/{environment_id}/work/{work_id}/fail",
+    tag = "Work",
+    operation_id = "failWork",
+    params(("environment_id" = String, Path, description = "The Environment"), ("work_id" = String, Path, description = "The Work item")),
+    request_body = FailWork,
+    responses(
+        (status = 200, description = "The stopped item; its Session is terminated", body = Work),
+        Refusals, Missing, Conflicts, TooLarge,
+    ),
+    security(("bearer" = []))
+)]
 async fn fail(
     State(ctx): State<ApiContext>,
     Path((env, id)): Path<(String, String)>,

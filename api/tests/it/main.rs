@@ -15,6 +15,7 @@ mod credentials;
 mod environments_api;
 mod lifecycle_edges;
 mod notifications;
+mod openapi;
 mod session_events;
 mod sessions_api;
 mod smoke;
