@@ -7,6 +7,7 @@ mod item;
 mod k8s_launcher;
 mod kube_mock;
 mod local;
+mod operator;
 mod proxy;
 mod support;
 mod worker;
