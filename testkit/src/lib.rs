@@ -24,6 +24,7 @@ pub mod api;
 pub mod db;
 pub mod events;
 pub mod http;
+pub mod kube_api;
 pub mod model;
 pub mod runner;
 pub mod sessions;

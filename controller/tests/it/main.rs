@@ -4,6 +4,7 @@ mod docker;
 mod engine;
 mod faults;
 mod item;
+mod k8s_kubelet;
 mod k8s_launcher;
 mod kube_mock;
 mod local;
