@@ -51,21 +51,47 @@ fn pod_of(value: Value) -> Pod {
 /// Plays the kubelet until aborted.
 type Attaches = Arc<std::sync::Mutex<Vec<Attached>>>;
 
+/// What the kubelet makes of each new Pod.
+#[derive(Clone, Copy)]
+enum Node {
+    /// The container starts.
+    Runs,
+    /// The image cannot be pulled: the container waits in ErrImagePull.
+    CannotPull,
+    /// The container dies before anything attaches.
+    DiesAtOnce,
+}
+
+fn first_state(node: Node) -> Value {
+    match node {
+        Node::Runs => json!({"phase": "Running", "containerStatuses": [{
+            "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}}]}),
+        Node::CannotPull => json!({"phase": "Pending", "containerStatuses": [{
+            "name": "runner", "image": "mango-sandbox:missing", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull",
+                "message": "pull access denied for mango-sandbox:missing"}}}]}),
+        Node::DiesAtOnce => {
+            json!({"phase": "Failed", "message": "OOMKilled", "containerStatuses": [{
+            "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})
+        }
+    }
+}
+
 fn kubelet(
     fake: Arc<FakeKubeApi>,
     feed: PodFeed,
     volumes: PathBuf,
     attaches: Attaches,
+    node: Node,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut known: HashSet<String> = HashSet::new();
         loop {
             let now: HashSet<String> = fake.pods().into_iter().collect();
             for name in now.difference(&known) {
-                let running = json!({"phase": "Running", "containerStatuses": [{
-                    "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": true,
-                    "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}}]});
-                if let Some(pod) = fake.set_pod_status(name, running) {
+                if let Some(pod) = fake.set_pod_status(name, first_state(node)) {
                     feed.apply(Event::Apply(pod_of(pod)));
                 }
             }
@@ -161,6 +187,10 @@ struct Cluster {
 }
 
 async fn cluster(api: &TestApp) -> Cluster {
+    cluster_on(api, Node::Runs).await
+}
+
+async fn cluster_on(api: &TestApp, node: Node) -> Cluster {
     let fake = Arc::new(FakeKubeApi::start().await);
     let (store, feed) = PodStore::new();
     let launcher = PodLauncher::new(
@@ -178,6 +208,7 @@ async fn cluster(api: &TestApp) -> Cluster {
         feed,
         volumes.path().to_path_buf(),
         attaches.clone(),
+        node,
     );
     let running = Running::start(api, config, launcher).await;
     Cluster {
@@ -315,4 +346,57 @@ async fn a_sessions_second_activation_sees_the_files_of_its_first_on_its_pvc(db:
     );
     assert_eq!(cluster.running.shutdown().await, RunEnd::Shutdown);
     cluster.kubelet.abort();
+}
+
+/// A Pod that cannot start (its image does not pull) or that dies before
+/// its hand-off is deleted at once, is never attached, and its item is
+/// left to its lease (the secret was never sent, so another claim may run it).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pod_that_cannot_start_or_dies_first_is_deleted_unattached(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    for node in [Node::CannotPull, Node::DiesAtOnce] {
+        let cluster = cluster_on(&api, node).await;
+        let operator = mango_client::Client::new(&api.base, &api.ws_key);
+        let check = operator.create_healthcheck(&api.env_id).await.unwrap();
+        let pod = format!("mango-{}-1", check.id.replace('_', "-"));
+        crate::support::until("the Pod created", Duration::from_secs(10), async || {
+            cluster
+                .fake
+                .requests()
+                .iter()
+                .any(|(m, u)| m == "POST" && u.contains("/pods"))
+        })
+        .await;
+        crate::support::until("the Pod deleted", Duration::from_secs(10), async || {
+            cluster.fake.pods().is_empty()
+        })
+        .await;
+        let calls = item_calls(&cluster.fake, &pod);
+        assert_eq!(
+            calls,
+            vec![
+                "POST /api/v1/namespaces/sandboxes/pods?".to_string(),
+                "DELETE /api/v1/namespaces/sandboxes/pods/{pod}?".into(),
+            ],
+            "no attach to a Pod that does not run"
+        );
+        assert!(cluster.attaches.lock().unwrap().is_empty());
+        let metrics = cluster.running.metrics.render();
+        assert!(
+            metrics.contains("outcome=\"launch_failed\"} 1"),
+            "the failure is counted: {metrics}"
+        );
+        let work = operator.work(&api.env_id, &check.id).await.unwrap();
+        assert_ne!(
+            work.state,
+            mango_protocol::WorkState::Stopped,
+            "left to its lease"
+        );
+        cluster
+            .running
+            .stop(mango_controller::core::supervisor::Stop::Detach)
+            .await;
+        cluster.kubelet.abort();
+        api.stop_work(&check.id, true).await;
+    }
 }
