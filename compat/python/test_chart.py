@@ -190,3 +190,34 @@ def test_notes_show_the_bootstrap_and_no_key() -> None:
     assert "kubectl -n mango exec deploy/mango-api -- mango api-key create -workspace wrkspc_default" in text
     assert "--from-file=environment-key=" in text
     assert not any(p in text for p in KEY_PREFIXES)
+
+
+# Values whose content is free-form (maps, lists): documented as one row.
+FREE_FORM = {
+    "resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels",
+    "annotations", "commonLabels", "imagePullSecrets", "topologySpreadConstraints",
+    "extraEnv", "extraEgress", "secretNames", "pod", "namespaceSelector", "podSelector",
+}
+
+
+def value_paths(node: Dict[str, Any], prefix: str = "") -> List[str]:
+    paths = []
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and key not in FREE_FORM:
+            paths += value_paths(value, path)
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_every_value_is_in_the_docs_table() -> None:
+    """docs/kubernetes.md's Values table lists each value of values.yaml, and no other."""
+    docs = (REPO_ROOT / "docs" / "kubernetes.md").read_text()
+    table = docs.split("\n## Values\n", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", table, re.M)
+    values = value_paths(helm_python.values_from_yaml((CHART / "values.yaml").read_text()))
+    assert sorted(documented) == sorted(values), {
+        "undocumented": sorted(set(values) - set(documented)),
+        "not in values.yaml": sorted(set(documented) - set(values)),
+    }
