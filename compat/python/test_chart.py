@@ -221,3 +221,34 @@ def test_every_value_is_in_the_docs_table() -> None:
         "undocumented": sorted(set(values) - set(documented)),
         "not in values.yaml": sorted(set(documented) - set(values)),
     }
+
+
+def schema_paths(schema: Dict[str, Any], prefix: str = "") -> List[str]:
+    paths = []
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        if sub.get("properties"):
+            paths += schema_paths(sub, path)
+        elif path != "global":
+            paths.append(path)
+    return paths
+
+
+def test_the_values_schema_covers_every_value_and_refuses_typos() -> None:
+    with helm_python.Chart.load(CHART) as chart:
+        schema = chart.schema
+        assert schema is not None, "charts/mango/values.schema.json"
+        assert sorted(schema_paths(schema)) == sorted(
+            value_paths(helm_python.values_from_yaml((CHART / "values.yaml").read_text()))
+        ), "values.schema.json and values.yaml name the same values"
+        chart.validate_schema(DEFAULT)
+        chart.validate_schema(PRODUCTION)
+        for bad, where in [
+            ({"api": {"replica": 2}}, "'replica' not allowed"),
+            ({"pool": {"workspace": {"accessMode": "RWO"}}}, "/pool/workspace/accessMode"),
+            ({"pool": {"maxConcurrency": 0}}, "/pool/maxConcurrency"),
+            ({"controller": {"leaderElection": {"enabled": "yes"}}}, "/controller/leaderElection/enabled"),
+        ]:
+            with pytest.raises(helm_python.HelmError) as err:
+                render(bad)
+            assert where in str(err.value), str(err.value)

@@ -93,7 +93,10 @@ fn full_values() -> Value {
         "api": {
             "replicas": 3,
             "model": {"baseUrl": "https://model.example.com", "existingSecret": "model-key"},
-            "extraEnv": [{"name": "MANGO_DB_MAX_CONNECTIONS", "value": "30"}],
+            "extraEnv": [
+                {"name": "MANGO_DB_MAX_CONNECTIONS", "value": "30"},
+                {"name": "EXTRA_TOKEN", "valueFrom": {"secretKeyRef": {"name": "extra", "key": "token"}}},
+            ],
             "podAnnotations": {"prometheus.io/scrape": "true"},
             "podLabels": {"tier": "control"},
             "nodeSelector": {"pool": "system"},
