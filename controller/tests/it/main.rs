@@ -1,5 +1,6 @@
 //! `mango-worker` against a real api on PostgreSQL.
 
+mod chart;
 mod docker;
 mod engine;
 mod faults;
