@@ -26,7 +26,7 @@ pub const X_API_KEY: &str = "x_api_key";
 #[openapi(
     info(
         title = "Mango Environment Work API",
-        description = "The control plane of Mango: Environments, the Work lease API, Agents and Sessions. \
+        description = "The control plane of Mango: Environments, the Work lease API, Agents, Sessions and Skills. \
 Every credential is sent as `Authorization: Bearer <credential>`: a Workspace key (`mango_wsk_…`), an \
 Environment key (`mango_envk_…`) or a Work item's sessions token (`mango_st_…`); Workspace keys may also \
 use `x-api-key`. Which credential an operation takes is in its description; a valid credential outside \

@@ -140,3 +140,40 @@ impl Default for Archives {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_local_folder_is_made_and_holds_archives() {
+        let dir = std::env::temp_dir().join(format!("mango-objects-test-{}", std::process::id()));
+        let nested = dir.join("a/b");
+        let archives = Archives::open(&format!("file://{}", nested.display())).unwrap();
+        assert!(nested.is_dir());
+        let key = Archives::key("w", "s", "v");
+        archives.put(&key, b"zip".to_vec()).await.unwrap();
+        assert_eq!(&archives.get(&key).await.unwrap()[..], b"zip");
+        archives.delete(&key).await.unwrap();
+        archives.delete(&key).await.unwrap(); // already gone: fine
+        assert!(archives.get(&key).await.is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn s3_is_configured_from_the_url_and_aws_variables_and_never_shows_a_secret() {
+        // No other test of this binary reads AWS_* variables.
+        std::env::set_var("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "very-secret-key-value");
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("AWS_ENDPOINT", "http://127.0.0.1:9");
+        std::env::set_var("AWS_ALLOW_HTTP", "true");
+        let archives = Archives::open("s3://mango-skills/prod/archives").unwrap();
+        assert_eq!(archives.location(), "s3://mango-skills/prod/archives");
+        let shown = format!("{archives:?}");
+        assert!(!shown.contains("very-secret-key-value"), "{shown}");
+        let err = Archives::open("s3://").unwrap_err();
+        assert!(err.to_string().contains("names no bucket"), "{err}");
+        assert!(!err.to_string().contains("very-secret"));
+    }
+}
