@@ -132,6 +132,7 @@ def test_the_sdk_worker_downloads_the_sessions_skills(
     skill = ws.beta.skills.create(files=files_from_dir(skill_dir(tmp_path / "src", "folder", "sdk-worker", "Run it.")))
     other = ws.beta.skills.create(files=files_from_dir(skill_dir(tmp_path / "src", "other", "sdk-other", "Not pinned.")))
 
+    before = len(model.requests)  # the model endpoint is shared by the session's tests
     model.push(
         model_reply(
             [
@@ -165,7 +166,7 @@ def test_the_sdk_worker_downloads_the_sessions_skills(
         lambda e: bool(e) and e[-1].type == "session.status_idle" and e[-1].stop_reason.type == "requires_action",
         "requires_action",
     )
-    system = model.requests[0][1]["system"]
+    system = model.requests[before][1]["system"]
     assert "sdk-worker: Run it. (skills/sdk-worker/SKILL.md)" in system, system
 
     item = env.client.beta.environments.work.poll(env.id)
