@@ -52,6 +52,12 @@ enum Command {
         /// terminated with the reason (0..=1000).
         #[arg(long, env = "MANGO_MAX_RECLAIMS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
         max_reclaims: u32,
+        /// Where Skill archives are stored: a local folder (a path or
+        /// file:// URL, created if missing) or s3://bucket/prefix, with
+        /// credentials, region and an S3-compatible endpoint from the usual
+        /// AWS_* variables (AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
+        #[arg(long, env = "MANGO_OBJECT_STORE", default_value = ".mango/objects")]
+        object_store: String,
     },
     /// Apply pending migrations and exit.
     Migrate {
@@ -116,6 +122,7 @@ const LONG_FLAGS: &[&str] = &[
     "no-migrate",
     "default-ttl-seconds",
     "max-reclaims",
+    "object-store",
 ];
 
 fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
@@ -200,8 +207,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_reclaims,
             model_base_url,
             model_api_key,
+            object_store,
         } => {
             init_logging("info");
+            let skill_archives = mango_api::skills::objects::Archives::open(&object_store)?;
+            tracing::info!(store = %skill_archives.location(), "Skill archives");
             let pool = connect_as_api(&db).await?;
             if !no_migrate {
                 MIGRATOR.run(&pool).await.context("migration failed")?;
@@ -223,6 +233,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 max_reclaims,
                 model_base_url,
                 model_api_key: model_api_key.map(mango_api::context::Secret),
+                skill_archives,
                 ..Settings::default()
             };
             server::serve_all(

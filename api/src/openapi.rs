@@ -26,7 +26,7 @@ pub const X_API_KEY: &str = "x_api_key";
 #[openapi(
     info(
         title = "Mango Environment Work API",
-        description = "The control plane of Mango: Environments, the Work lease API, Agents and Sessions. \
+        description = "The control plane of Mango: Environments, the Work lease API, Agents, Sessions and Skills. \
 Every credential is sent as `Authorization: Bearer <credential>`: a Workspace key (`mango_wsk_…`), an \
 Environment key (`mango_envk_…`) or a Work item's sessions token (`mango_st_…`); Workspace keys may also \
 use `x-api-key`. Which credential an operation takes is in its description; a valid credential outside \
@@ -41,6 +41,7 @@ and every response carries a `request-id` header. See docs/protocol.md."
         (name = "Agents", description = "Agents and their immutable versions (Workspace key)"),
         (name = "Sessions", description = "Sessions (Workspace key; a Session's sessions token reads it)"),
         (name = "Events", description = "A Session's event log, what clients send, and the live stream"),
+        (name = "Skills", description = "Custom Skills and their immutable versions (Workspace key; a sessions token reads and downloads its Session's pinned versions)"),
         (name = "Operations", description = "Health, readiness, metrics and this document (no credential)"),
     )
 )]
@@ -216,6 +217,10 @@ error_answers! {
     TooLarge {
         "413" => "The request body is larger than 1 MiB (`request_too_large`)",
     }
+    /// A Skill upload.
+    UploadTooLarge {
+        "413" => "The upload is larger than 8 MiB, or its files pass a limit of Skills (`request_too_large`; the message names it)",
+    }
     /// Heartbeat's precondition.
     PreconditionFailed {
         "412" => "`expected_last_heartbeat` is not the lease's last heartbeat, or the lease ran out (`heartbeat_precondition_failed`, with `details.current_state`)",
@@ -235,6 +240,22 @@ impl utoipa::PartialSchema for EventTypeName {
 }
 
 impl utoipa::ToSchema for EventTypeName {}
+
+/// A Skill version's archive: the raw bytes of a zip file.
+pub struct SkillArchive;
+
+impl utoipa::PartialSchema for SkillArchive {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for SkillArchive {}
 
 /// `/healthz` and `/readyz`.
 #[derive(serde::Serialize, utoipa::ToSchema)]

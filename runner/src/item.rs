@@ -7,7 +7,7 @@ use crate::exit::Exit;
 use crate::heartbeat::HeartbeatKeeper;
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{healthcheck, secret, session};
+use crate::{healthcheck, secret, session, skills};
 use anyhow::Context;
 use mango_client::Client;
 use std::path::PathBuf;
@@ -73,6 +73,17 @@ pub fn run(identity: Identity) -> ExitCode {
     }
 }
 
+/// Before any tool runs: the snapshot's pinned inputs checked, and its
+/// Skills materialized under `skills/` of the workspace.
+async fn prepare_inputs(
+    client: &Client,
+    session_id: &str,
+    workspace: &std::path::Path,
+) -> Result<Option<skills::SkillsTree>, PrepareError> {
+    let session = prepare::check_pinned_inputs(client, session_id).await?;
+    skills::materialize(client, &session, workspace, skills::Limits::default()).await
+}
+
 async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     let session_id = match (id.work_type.as_str(), id.session_id.clone()) {
         ("healthcheck", _) => None,
@@ -112,7 +123,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         let mut toolset = Toolset::new(ToolContext::new(&id.workspace));
         let work = async {
             let prepared = tokio::select! {
-                prepared = prepare::check_pinned_inputs(&client, &session_id) => Some(prepared),
+                prepared = prepare_inputs(&client, &session_id, &id.workspace) => Some(prepared),
                 _ = lost.cancelled() => None,
             };
             let end = match prepared {
@@ -122,15 +133,19 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                     session::SessionEnd::PreparationUnavailable(why)
                 }
                 Some(Err(PrepareError::Rejected(why))) => session::SessionEnd::Rejected(why),
-                Some(Ok(())) => {
-                    session::run(
+                Some(Ok(skills)) => {
+                    let end = session::run(
                         &client,
                         &session_id,
                         &mut toolset,
                         Duration::from_secs(id.idle_after_end_turn_seconds),
                         &lost,
                     )
-                    .await
+                    .await;
+                    if let Some(tree) = skills {
+                        tree.remove().await;
+                    }
+                    end
                 }
             };
             toolset.shutdown().await;

@@ -2,7 +2,8 @@
 //! sandbox. [`item`] is the process; [`heartbeat`] keeps the Work's lease,
 //! [`session`] follows the Session and [`calls`] decides which tool calls
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
-//! fixed probe, [`prepare`] checks pinned inputs, [`secret`] the hand-off.
+//! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
+//! the pinned Skills, [`secret`] the hand-off.
 
 pub mod calls;
 pub mod exit;
@@ -12,4 +13,5 @@ pub mod item;
 pub mod prepare;
 pub mod secret;
 pub mod session;
+pub mod skills;
 pub mod tools;

@@ -17,6 +17,7 @@
 //! * [`events`]: typed events written and read as JSON;
 //! * [`model`]: a scripted Messages API endpoint for the agent loop;
 //! * [`turns`]: waiting on the agent loop's turns;
+//! * [`skills`]: Skill uploads and downloads, and hand-built (hostile) zips;
 //! * [`runner`]: a Session's Work claimed as a supervisor would before
 //!   starting an item runner.
 
@@ -28,6 +29,7 @@ pub mod kube_api;
 pub mod model;
 pub mod runner;
 pub mod sessions;
+pub mod skills;
 pub mod sse;
 pub mod turns;
 pub mod work;

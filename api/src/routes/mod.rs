@@ -5,6 +5,7 @@ pub mod agents;
 pub mod environments;
 pub mod events;
 pub mod sessions;
+pub mod skills;
 pub mod work;
 
 use crate::context::ApiContext;
@@ -33,6 +34,7 @@ fn operations() -> OpenApiRouter<ApiContext> {
         .merge(work::router())
         .merge(sessions::router())
         .merge(events::router())
+        .merge(skills::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics))

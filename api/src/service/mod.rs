@@ -9,4 +9,5 @@ pub mod environments;
 pub mod fail;
 pub mod poll;
 pub mod sessions;
+pub mod skills;
 pub mod work;

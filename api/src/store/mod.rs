@@ -14,6 +14,7 @@ pub mod keys;
 pub mod listeners;
 pub mod outbox;
 pub mod sessions;
+pub mod skills;
 pub mod steps;
 pub mod tool_calls;
 pub mod work;

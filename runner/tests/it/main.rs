@@ -7,4 +7,5 @@ mod behaviour;
 mod e2e;
 mod item;
 mod session;
+mod skills;
 mod tools;
