@@ -163,6 +163,9 @@ impl<L: Launcher> Supervisor<L> {
                     })
                 }
                 Err(err) => {
+                    self.shared
+                        .metrics
+                        .note_error(format!("the api is unavailable: {err}"));
                     let pause = backoff.next();
                     tracing::warn!(error = %err, ?pause, "the api is unavailable; retrying");
                     tokio::time::sleep(pause).await;

@@ -7,7 +7,7 @@ use crate::core::config::Config;
 use crate::core::metrics::{self, Metrics};
 use crate::core::secret::Secret;
 use crate::core::supervisor::{RunEnd, StartError, Stop, Supervisor};
-use crate::kubernetes::crd::WorkerPool;
+use crate::kubernetes::crd::{WorkerPool, WorkerPoolStatus};
 use crate::kubernetes::events::PoolEvents;
 use crate::kubernetes::launcher::{pool_selector, PodLauncher};
 use crate::kubernetes::pod;
@@ -90,8 +90,8 @@ pub struct Context {
     pub settings: Settings,
     recorder: Recorder,
     runs: Mutex<HashMap<String, PoolRun>>,
-    /// The problem each pool last reported, so an Event marks each change once.
-    problems: Mutex<HashMap<String, Option<Problem>>>,
+    /// The reason each pool's last Event gave, so an Event marks each change once.
+    noted: Mutex<HashMap<String, String>>,
     pub reconciles: std::sync::atomic::AtomicU64,
     pub reconcile_failures: std::sync::atomic::AtomicU64,
 }
@@ -110,7 +110,7 @@ impl Context {
             settings,
             recorder,
             runs: Mutex::default(),
-            problems: Mutex::default(),
+            noted: Mutex::default(),
             reconciles: Default::default(),
             reconcile_failures: Default::default(),
         })
@@ -382,8 +382,8 @@ pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Actio
         }
     };
     let observed = observe(&ctx, &pool, problem).await;
-    note_problem(&ctx, &pool, &observed.problem);
     let status = status::status(pool.status.as_ref(), &observed);
+    note_change(&ctx, &pool, &observed.problem, &status);
     let pools: Api<WorkerPool> = Api::namespaced(
         ctx.client.clone(),
         &pool
@@ -445,26 +445,36 @@ async fn observe(ctx: &Context, pool: &WorkerPool, problem: Option<Problem>) -> 
     }
 }
 
-/// An Event for each change of the pool's problem.
-fn note_problem(ctx: &Context, pool: &WorkerPool, problem: &Option<Problem>) {
-    let name = pool.name_any();
-    let changed = {
-        let mut problems = ctx.problems.lock().expect("problems lock");
-        let before = problems.insert(name, problem.clone());
-        before.as_ref() != Some(problem)
-    };
-    if !changed {
-        return;
-    }
-    let events = ctx.events(pool);
-    match problem {
-        Some(p) => events.publish(EventType::Warning, p.reason(), "Reconcile", p.message()),
-        None => events.publish(
-            EventType::Normal,
-            "Polling",
-            "Reconcile",
-            "the pool's supervisor runs with its Environment key".into(),
+/// An Event each time what the pool's status says changes: a problem that
+/// stops it, a degradation (the api unreachable, launches failing), or
+/// that it runs again.
+fn note_change(
+    ctx: &Context,
+    pool: &WorkerPool,
+    problem: &Option<Problem>,
+    status: &WorkerPoolStatus,
+) {
+    let condition = |kind: &str| status.conditions.iter().find(|c| c.type_ == kind);
+    let (type_, reason, note) = match (problem, condition("Degraded"), condition("Ready")) {
+        (Some(p), _, _) => (EventType::Warning, p.reason().to_string(), p.message()),
+        (None, Some(degraded), _) if degraded.status == "True" => (
+            EventType::Warning,
+            degraded.reason.clone(),
+            degraded.message.clone(),
         ),
+        (None, _, Some(ready)) if ready.status == "True" => (
+            EventType::Normal,
+            "Polling".to_string(),
+            "the pool's supervisor runs with its Environment key".to_string(),
+        ),
+        _ => return,
+    };
+    let changed = {
+        let mut noted = ctx.noted.lock().expect("noted lock");
+        noted.insert(pool.name_any(), reason.clone()).as_ref() != Some(&reason)
+    };
+    if changed {
+        ctx.events(pool).publish(type_, &reason, "Reconcile", note);
     }
 }
 

@@ -349,3 +349,78 @@ async fn the_orphan_sweep_deletes_finished_poolless_and_never_handed_off_pods_on
     assert_eq!(sweeping.await.unwrap().unwrap(), 3);
     server.quiet(Duration::from_millis(300)).await;
 }
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_unreachable_api_shows_as_degraded_with_an_event(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let (client, server) = kube_mock::client();
+    let ctx = Context::new(
+        client,
+        Settings {
+            namespace: NS.into(),
+            default_api_url: Some(format!("http://{closed}")),
+            default_sandbox_image: "mango-sandbox:test".into(),
+            instance: "replica-0".into(),
+        },
+    );
+    let pool = pool(&api);
+    let mock = server.route(answers(Some(secret_holding(&api.env_key)), &pool));
+
+    operator::reconcile(pool.clone(), ctx.clone())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let patch = loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        operator::reconcile(pool.clone(), ctx.clone())
+            .await
+            .unwrap();
+        let last = mock
+            .seen()
+            .into_iter()
+            .filter(|s| s.uri == STATUS)
+            .last()
+            .unwrap();
+        if condition(&last.body, "Degraded")["status"] == "True" {
+            break last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never degraded: {}",
+            last.body
+        );
+    };
+    let degraded = condition(&patch.body, "Degraded");
+    assert_eq!(degraded["reason"], "ApiUnavailable");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("the api is unavailable"),
+        "{degraded}"
+    );
+    let ready = condition(&patch.body, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("Starting"))
+    );
+    let event = mock
+        .until("ApiUnavailable Event", |s| {
+            s.uri == EVENTS && s.body["reason"] == "ApiUnavailable"
+        })
+        .await;
+    assert_eq!(event.body["type"], "Warning");
+    for seen in mock.seen() {
+        assert!(
+            !seen.body.to_string().contains(&api.env_key),
+            "{} {} carries the key",
+            seen.method,
+            seen.uri
+        );
+    }
+    ctx.detach_all();
+}
