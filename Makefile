@@ -26,5 +26,5 @@ bench-supervisor:
 		MANGO_SANDBOX_IMAGE=mango-sandbox:bench MANGO_RUNNER_BIN=target/release/mango-runner \
 		scripts/sandbox-image.sh >/dev/null; \
 	else echo "no Docker engine answers: the Docker half will be skipped"; fi
-	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" \
+	@MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$(scripts/pg.sh)}" \
 		MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:bench target/release/mango-bench supervisor

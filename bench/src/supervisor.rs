@@ -854,16 +854,26 @@ fn rss_of(pid: u32) -> anyhow::Result<(f64, f64)> {
     ))
 }
 
+/// Reads `pid`'s `VmHWM` and `VmRSS` and raises `peak` to them. The
+/// kernel's `VmHWM` is not strictly monotonic as read (the high-water mark is
+/// folded in from per-thread counters lazily), so the peak is the largest of
+/// every reading.
+fn note_rss(pid: u32, peak: &mut f64) -> anyhow::Result<(f64, f64)> {
+    let (hwm, rss) = rss_of(pid)?;
+    *peak = peak.max(hwm).max(rss);
+    Ok((hwm, rss))
+}
+
 async fn count_active_sessions(bench: &Bench) -> anyhow::Result<i64> {
     bench
         .count_rows("kind = 'session' AND state = 'active'")
         .await
 }
 
-/// `mango-worker <launcher>` serving `n` Sessions whose runners stay live:
-/// its `VmHWM` with them up, and over the whole run. `extra` are the
-/// launcher's own arguments and environment; `gone` says when its sandboxes
-/// are all removed.
+/// `command` (`mango-worker <launcher>` with the launcher's own arguments)
+/// serving `n` Sessions whose runners stay live: its peak RSS with them up,
+/// and over the whole run (read every 100 ms). `gone` says when its
+/// sandboxes are all removed.
 async fn rss<G, Fut>(
     bench: &Bench,
     label: &str,
@@ -892,6 +902,7 @@ where
         .env("MANGO_LOG", "warn");
     let mut child = command.spawn().context("starting mango-worker")?;
     let pid = child.id().context("mango-worker's pid")?;
+    let mut peak = 0.0;
     let outcome = async {
         let agent = bench.api.create_agent("bench-supervisor").await?;
         let mut sessions = Vec::with_capacity(n);
@@ -908,6 +919,7 @@ where
                 println!("supervisor: {label}: {active}/{n} Session sandboxes live");
                 last = active;
             }
+            note_rss(pid, &mut peak)?;
             if active as usize >= n {
                 break;
             }
@@ -925,11 +937,15 @@ where
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        // Let the runners' first requests and the first claims check settle.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let (live_hwm, live_rss) = rss_of(pid)?;
+        // Let the runners' first requests and the first claims checks settle.
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            note_rss(pid, &mut peak)?;
+        }
+        let (hwm, rss) = note_rss(pid, &mut peak)?;
+        let live_peak = peak;
         println!(
-            "supervisor: {label}: mango-worker with {n} live sandboxes: VmHWM {live_hwm:.2} MiB, VmRSS {live_rss:.2} MiB"
+            "supervisor: {label}: mango-worker with {n} live sandboxes: VmHWM {hwm:.2} MiB, VmRSS {rss:.2} MiB (peak so far {live_peak:.2} MiB)"
         );
         for session in &sessions {
             for (id, state) in bench.app.session_work(session).await {
@@ -951,13 +967,14 @@ where
         }
         let started = Instant::now();
         while !gone().await? {
+            note_rss(pid, &mut peak)?;
             if started.elapsed() > LIVE_TIMEOUT {
                 bail!("the stopped Sessions' sandboxes are still there after {LIVE_TIMEOUT:?}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let (peak, _) = rss_of(pid)?;
-        anyhow::Ok((live_hwm, peak))
+        note_rss(pid, &mut peak)?;
+        anyhow::Ok((live_peak, peak))
     }
     .await;
     // SIGTERM: the supervisor drains and exits.
@@ -976,7 +993,7 @@ where
     }
     let (live, peak) = outcome?;
     println!(
-        "supervisor: {label}: mango-worker peak over the run (launch, {n} live, removal): VmHWM {peak:.2} MiB"
+        "supervisor: {label}: mango-worker peak RSS over the run (launch, {n} live, removal): {peak:.2} MiB"
     );
     Ok((live, peak))
 }
