@@ -1,5 +1,5 @@
 # The two entry points. See README.md.
-.PHONY: run test bench
+.PHONY: run test bench bench-supervisor bench-controller
 
 # Serve the API on the embedded default database, with an Environment, keys and a healthcheck.
 run:
@@ -14,3 +14,23 @@ test:
 bench:
 	@cargo build --release -q -p mango-runner -p mango-bench
 	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" target/release/mango-bench all
+
+# The supervisor benchmark (release build): its core with the Docker and the
+# local launcher against the bare container of the same image, and
+# mango-worker's peak RSS. Builds the sandbox image mango-sandbox:bench with
+# the release runner first; without a Docker engine only the local half runs.
+bench-supervisor:
+	@cargo build --release -q -p mango-runner -p mango-controller -p mango-bench \
+		--bin mango-runner --bin mango-worker --bin mango-bench
+	@if docker version >/dev/null 2>&1; then \
+		MANGO_SANDBOX_IMAGE=mango-sandbox:bench MANGO_RUNNER_BIN=target/release/mango-runner \
+		scripts/sandbox-image.sh >/dev/null; \
+	else echo "no Docker engine answers: the Docker half will be skipped"; fi
+	@MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$(scripts/pg.sh)}" \
+		MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:bench target/release/mango-bench supervisor
+
+# The Kubernetes launcher's CPU per item and RSS with 200 items tracked,
+# against a mock API server (release build; no database, no cluster).
+bench-controller:
+	@cargo build --release -q -p mango-bench --bin mango-bench
+	@target/release/mango-bench controller

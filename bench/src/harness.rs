@@ -72,11 +72,17 @@ async fn drop_database(admin: &PgConnectOptions, name: &str) -> anyhow::Result<(
 }
 
 impl Bench {
-    pub async fn setup(admin_url: &str, max_connections: u32) -> anyhow::Result<Bench> {
+    /// The api on 127.0.0.1, and on a port of each of `also_on` too (the
+    /// Docker bridge's gateway, where sandboxes reach the host).
+    pub async fn setup(
+        admin_url: &str,
+        max_connections: u32,
+        also_on: &[std::net::IpAddr],
+    ) -> anyhow::Result<Bench> {
         let admin = PgConnectOptions::from_str(admin_url)
             .context("--database-url / MANGO_DATABASE_URL is not a PostgreSQL URL")?;
         let db_name = create_database(&admin).await?;
-        match Self::start(admin.clone(), db_name.clone(), max_connections).await {
+        match Self::start(admin.clone(), db_name.clone(), max_connections, also_on).await {
             Ok(bench) => Ok(bench),
             Err(err) => {
                 drop_database(&admin, &db_name).await.ok();
@@ -89,6 +95,7 @@ impl Bench {
         admin: PgConnectOptions,
         db_name: String,
         max_connections: u32,
+        also_on: &[std::net::IpAddr],
     ) -> anyhow::Result<Bench> {
         // Exactly as `mango serve` builds its pool.
         let pool = mango_api::db::pool_options(max_connections)
@@ -103,7 +110,8 @@ impl Bench {
         // The harness asserts as it sets up: a failure panics its task, not
         // the bench, which then still drops its database. It returns once
         // the LISTEN connection is up, before anything relies on wake-ups.
-        let app = tokio::spawn(TestApp::serve(pool, ctx))
+        let also_on = also_on.to_vec();
+        let app = tokio::spawn(async move { TestApp::serve_also_on(pool, ctx, &also_on).await })
             .await
             .context("serving the api in-process")?;
         let client_rt = tokio::runtime::Builder::new_multi_thread()

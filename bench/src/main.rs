@@ -20,6 +20,12 @@
 //!   server; it needs no database. Its last line:
 //!   `controller_floor_cpu_ms_per_item=… controller_cpu_ratio=…
 //!   controller_cpu_ms_per_item=… controller_rss_mib=…`.
+//! * `supervisor` (not part of `all`: it needs a Docker engine and the
+//!   sandbox image for its Docker half, `make bench-supervisor`): the
+//!   supervisor core with the Docker and the local launcher, 20 healthchecks
+//!   each (poll → first heartbeat, create → succeeded, the stages), 20 at
+//!   once, and `mango-worker`'s peak RSS with 20 live sandboxes, against the
+//!   bare cost of the same image's container in the same run.
 //!
 //! The last line is machine-readable:
 //! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
@@ -27,7 +33,11 @@
 //! runner_p50_ms=… runner_p99_ms=… sdk_p50_ms=… sdk_p99_ms=… runner_rss_mib=…
 //! sdk_rss_mib=… p50_ratio=… rss_ratio=… floor_p50_ms=…` (`n/a` where the SDK half was skipped;
 //! the runner keys are those of the round with the median p50 ratio)
-//! (a single phase prints only its own keys). The database is dropped at the end.
+//! (a single phase prints only its own keys; `supervisor`'s are
+//! `docker_first_beat_p50_ms=… docker_first_beat_p90_ms=… docker_floor_p50_ms=…
+//! docker_ratio=… docker_healthcheck_p50_ms=… local_first_beat_p50_ms=…
+//! supervisor_rss_mib=… concurrent_ok=20/20`, `n/a` for a skipped Docker half).
+//! The database is dropped at the end.
 
 mod controller;
 mod depth;
@@ -37,6 +47,7 @@ mod http;
 mod lease;
 mod measure;
 mod runner;
+mod supervisor;
 mod wake;
 
 use clap::{Parser, Subcommand};
@@ -47,7 +58,7 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(
     name = "mango-bench",
-    about = "Benchmarks of the Mango Work lease and Session event APIs, and of the item runner"
+    about = "Benchmarks of the Mango Work lease and Session event APIs, the item runner and the supervisor"
 )]
 struct Cli {
     /// Admin PostgreSQL URL; the bench creates and drops its own database there.
@@ -123,6 +134,25 @@ struct Cli {
     /// Items tracked at once for the RSS figure (controller).
     #[arg(long, default_value_t = 200, global = true)]
     controller_tracked: usize,
+    /// Measured healthchecks, one at a time, per launcher (supervisor).
+    #[arg(long, default_value_t = 20, global = true)]
+    supervisor_items: usize,
+    /// Unmeasured healthchecks before them (supervisor).
+    #[arg(long, default_value_t = 2, global = true)]
+    supervisor_warmup: usize,
+    /// Healthchecks created at once, and the live sandboxes of the peak-RSS
+    /// measurement, per launcher (supervisor).
+    #[arg(long, default_value_t = 20, global = true)]
+    supervisor_concurrent: usize,
+    /// The sandbox image of the Docker half (supervisor); built by
+    /// `make bench-supervisor` with the release runner.
+    #[arg(
+        long,
+        env = "MANGO_BENCH_SANDBOX_IMAGE",
+        default_value = "mango-sandbox:bench",
+        global = true
+    )]
+    sandbox_image: String,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -147,8 +177,13 @@ enum Command {
     /// The Kubernetes launcher's CPU per item and RSS with 200 items
     /// tracked, against a mock API server (no database; not in `all`).
     Controller,
-    /// All of the above but `controller` (the default).
+    /// The lease, wake, depth, events and runner phases (the default).
     All,
+    /// The supervisor core with the Docker and the local launcher vs the
+    /// bare container of the same image, and `mango-worker`'s peak RSS
+    /// (needs target/release/mango-runner and mango-worker; the Docker half
+    /// needs an engine and --sandbox-image). Not part of `all`.
+    Supervisor,
 }
 
 #[derive(Default)]
@@ -158,6 +193,7 @@ struct Summary {
     depth: Option<depth::DepthResult>,
     events: Option<events::EventsResult>,
     runner: Option<runner::RunnerResult>,
+    supervisor: Option<supervisor::SupervisorResult>,
 }
 
 impl Summary {
@@ -206,11 +242,48 @@ impl Summary {
             parts.push(format!("rss_ratio={}", na(r.rss_ratio(), 3)));
             parts.push(format!("floor_p50_ms={:.2}", r.floor.p50_ms));
         }
+        if let Some(s) = &self.supervisor {
+            let na = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.2}"));
+            let docker = s.docker.as_ref();
+            parts.push(format!(
+                "docker_first_beat_p50_ms={}",
+                na(docker.map(|d| d.first_beat.p50))
+            ));
+            parts.push(format!(
+                "docker_first_beat_p90_ms={}",
+                na(docker.map(|d| d.first_beat.p90))
+            ));
+            parts.push(format!(
+                "docker_floor_p50_ms={}",
+                na(s.floor.map(|f| f.p50))
+            ));
+            parts.push(format!(
+                "docker_ratio={}",
+                s.docker_ratio()
+                    .map_or("n/a".to_string(), |r| format!("{r:.3}"))
+            ));
+            parts.push(format!(
+                "docker_healthcheck_p50_ms={}",
+                na(docker.map(|d| d.healthcheck.p50))
+            ));
+            parts.push(format!(
+                "local_first_beat_p50_ms={:.2}",
+                s.local.first_beat.p50
+            ));
+            parts.push(format!("supervisor_rss_mib={:.2}", s.rss_mib()));
+            let (ok, of) = s.concurrent_ok();
+            parts.push(format!("concurrent_ok={ok}/{of}"));
+        }
         parts.join(" ")
     }
 }
 
-async fn run(cli: &Cli, bench: &Arc<Bench>, command: Command) -> anyhow::Result<Summary> {
+async fn run(
+    cli: &Cli,
+    bench: &Arc<Bench>,
+    command: Command,
+    docker: Option<Result<supervisor::DockerEnv, String>>,
+) -> anyhow::Result<Summary> {
     let all = command == Command::All;
     let mut summary = Summary::default();
     if all || command == Command::Lease {
@@ -264,6 +337,14 @@ async fn run(cli: &Cli, bench: &Arc<Bench>, command: Command) -> anyhow::Result<
         }
         summary.runner = Some(runner::across_rounds(rounds));
     }
+    if command == Command::Supervisor {
+        let opts = supervisor::Options {
+            items: cli.supervisor_items,
+            warmup: cli.supervisor_warmup,
+            concurrent: cli.supervisor_concurrent,
+        };
+        summary.supervisor = Some(supervisor::run(bench, &opts, docker).await?);
+    }
     Ok(summary)
 }
 
@@ -293,6 +374,10 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
     anyhow::ensure!(cli.wake_samples > 0, "--wake-samples must be at least 1");
     anyhow::ensure!(cli.runner_calls > 0, "--runner-calls must be at least 1");
     anyhow::ensure!(cli.runner_rounds > 0, "--runner-rounds must be at least 1");
+    anyhow::ensure!(
+        cli.supervisor_items > 0 && cli.supervisor_concurrent > 0,
+        "--supervisor-items and --supervisor-concurrent must be at least 1"
+    );
     Ok(())
 }
 
@@ -330,7 +415,22 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
-    let bench = match Bench::setup(&cli.database_url, cli.db_max_connections).await {
+    // The supervisor's Docker half needs the api where sandboxes reach the
+    // host (the bridge's gateway), so the engine is looked at first.
+    let docker = if command == Command::Supervisor {
+        println!(
+            "mango-bench: looking for a Docker engine and {}",
+            cli.sandbox_image
+        );
+        Some(supervisor::docker_env(&cli.sandbox_image).await)
+    } else {
+        None
+    };
+    let also_on: Vec<std::net::IpAddr> = match &docker {
+        Some(Ok(env)) => vec![env.gateway],
+        _ => Vec::new(),
+    };
+    let bench = match Bench::setup(&cli.database_url, cli.db_max_connections, &also_on).await {
         Ok(bench) => Arc::new(bench),
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -342,7 +442,7 @@ async fn main() -> std::process::ExitCode {
         bench.db_name, bench.app.base, bench.app.env_id
     );
     let outcome = tokio::select! {
-        outcome = run(&cli, &bench, command) => outcome,
+        outcome = run(&cli, &bench, command, docker) => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     if let Err(err) = bench.teardown(cli.keep_db).await {

@@ -57,6 +57,12 @@ impl TestApp {
         Self::serve_on(db, ctx, &[]).await
     }
 
+    /// [`TestApp::serve`], listening on a port of each of `ips` too (e.g.
+    /// the Docker bridge's gateway, for sandboxes: `mango-bench supervisor`).
+    pub async fn serve_also_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
+        Self::serve_on(db, ctx, ips).await
+    }
+
     /// [`TestApp::start_with`], listening on a port of each of `ips` too
     /// (e.g. the Docker bridge's gateway, where sandboxes reach the host).
     pub async fn start_also_on(

@@ -33,6 +33,11 @@ pub struct Config {
     /// A `stopping` item's runner gets this long to notice and exit before
     /// its sandbox is removed.
     pub stopping_grace: Duration,
+    /// A Work its own runner ended (a healthcheck's Result stops it with no
+    /// Stop asked for) gets this long for the runner to exit by itself
+    /// before its sandbox is removed. A Stop, a reclaim or a lost lease get
+    /// no such grace.
+    pub finish_grace: Duration,
     /// How often the workspaces of deleted Sessions are looked for and removed.
     pub workspace_sweep_every: Duration,
     /// First pause after a failed Poll; doubles (with jitter) up to `max_backoff`.
@@ -55,6 +60,7 @@ impl Config {
             shutdown_grace: Duration::from_secs(30),
             claims_every: Duration::from_secs(2),
             stopping_grace: Duration::from_secs(5),
+            finish_grace: Duration::from_secs(5),
             workspace_sweep_every: Duration::from_secs(300),
             first_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),

@@ -4,6 +4,7 @@
 
 use crate::core::launcher::{ItemIdentity, Sandbox};
 use crate::core::metrics::Outcome;
+use crate::core::stages::Stamps;
 
 /// One thing that happened to an item or a workspace.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +30,12 @@ pub enum Happening<'a> {
     },
     /// A deleted Session's workspace was removed.
     WorkspaceRemoved { session_id: &'a str },
+    /// An item is done with (its sandbox gone, or its launch failed): when
+    /// each of its stages happened (`mango-bench supervisor` reads these).
+    Done {
+        item: &'a ItemIdentity,
+        stamps: &'a Stamps,
+    },
 }
 
 pub trait Observer: Send + Sync + 'static {

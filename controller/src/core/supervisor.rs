@@ -74,7 +74,12 @@ enum Verdict {
     Live,
     /// Asked to stop: its runner should exit soon.
     Stopping,
-    /// Stopped, or another claim took it: its sandbox goes now.
+    /// Stopped by its own runner, with no Stop asked for (a healthcheck's
+    /// Result): the runner is on its way out, and its sandbox goes when it
+    /// exits, or after the finish grace.
+    Finished,
+    /// Stopped by a Stop (a cancellation), or another claim took it, or its
+    /// lease was lost: its sandbox goes now.
     Over,
 }
 
@@ -342,6 +347,7 @@ impl<L: Launcher> Shared<L> {
             .map(|(s, ms)| format!("{}={ms}ms", s.as_str()))
             .collect();
         tracing::debug!(work_id = %item.work_id, claim = item.claim, stages = %stages.join(" "), "item done");
+        self.observer.observe(Happening::Done { item, stamps });
     }
 
     /// One polled item, from Ack to its sandbox's removal.
@@ -503,6 +509,7 @@ impl<L: Launcher> Shared<L> {
             WorkType::Session => None,
         };
         let mut stopping_ends: Option<tokio::time::Instant> = None;
+        let mut finish_ends: Option<tokio::time::Instant> = None;
         // While the engine is unavailable the sandbox may well be running:
         // it is watched again once the engine answers, never forgotten.
         let wait_after = |pause: Duration| async move {
@@ -543,11 +550,20 @@ impl<L: Launcher> Shared<L> {
                         Verdict::Stopping if stopping_ends.is_none() => {
                             stopping_ends = Some(tokio::time::Instant::now() + self.config.stopping_grace);
                         }
+                        // Its runner reported and is exiting: removing the
+                        // sandbox now would cut its last steps short.
+                        Verdict::Finished if finish_ends.is_none() => {
+                            finish_ends = Some(tokio::time::Instant::now() + self.config.finish_grace);
+                        }
                         _ => {}
                     }
                 }
                 _ = sleep_until(stopping_ends) => {
                     tracing::info!(%work_id, sandbox = %sandbox.name, "its Work is stopping and the runner did not exit; removing the sandbox");
+                    break Outcome::Cancelled;
+                }
+                _ = sleep_until(finish_ends) => {
+                    tracing::warn!(%work_id, sandbox = %sandbox.name, grace = ?self.config.finish_grace, "its runner ended its Work but did not exit; removing the sandbox");
                     break Outcome::Cancelled;
                 }
                 _ = sleep_until(attempt_ends) => {
@@ -781,6 +797,10 @@ fn verdict_of(claim: Option<&ClaimState>, ours: i64) -> Verdict {
         // any Poll may take the item, so this activation is over.
         Some(c) if c.lease_lost => Verdict::Over,
         Some(c) => match c.state {
+            // Only the runner's own Result stops a Work with no Stop asked
+            // for (or the api's deadline of a check long past its attempt).
+            WorkState::Stopped if c.stop_requested_at.is_none() => Verdict::Finished,
+            // A Stop: a cancellation has zero grace (spec §7).
             WorkState::Stopped => Verdict::Over,
             WorkState::Stopping => Verdict::Stopping,
             WorkState::Queued | WorkState::Starting | WorkState::Active => Verdict::Live,
@@ -851,10 +871,22 @@ mod tests {
             verdict_of(Some(&claim(Stopping, 1, false)), 1),
             Verdict::Stopping
         );
+        // Stopped by its runner's own Result: the runner exits by itself.
         assert_eq!(
             verdict_of(Some(&claim(Stopped, 1, false)), 1),
-            Verdict::Over
+            Verdict::Finished
         );
+        // Stopped by a Stop (a cancellation): zero grace.
+        let stopped = ClaimState {
+            stop_requested_at: Some(mango_protocol::time::now()),
+            ..claim(Stopped, 1, false)
+        };
+        assert_eq!(verdict_of(Some(&stopped), 1), Verdict::Over);
+        let stopped_elsewhere = ClaimState {
+            claim: 2,
+            ..claim(Stopped, 1, false)
+        };
+        assert_eq!(verdict_of(Some(&stopped_elsewhere), 1), Verdict::Over);
     }
 
     #[test]

@@ -35,9 +35,11 @@ impl PoolEvents {
     }
 }
 
-/// The Event for one happening: (type, reason, action, note).
-pub fn describe(happening: Happening<'_>) -> (EventType, &'static str, &'static str, String) {
-    match happening {
+/// The Event for one happening, if it makes one: (type, reason, action, note).
+pub fn describe(
+    happening: Happening<'_>,
+) -> Option<(EventType, &'static str, &'static str, String)> {
+    Some(match happening {
         Happening::Launched(sandbox) => (
             EventType::Normal,
             "SandboxStarted",
@@ -88,12 +90,15 @@ pub fn describe(happening: Happening<'_>) -> (EventType, &'static str, &'static 
             "Sweep",
             format!("the PVC of deleted Session {session_id} was removed"),
         ),
-    }
+        // Its stage times are metrics, not news.
+        Happening::Done { .. } => return None,
+    })
 }
 
 impl Observer for PoolEvents {
     fn observe(&self, happening: Happening<'_>) {
-        let (type_, reason, action, note) = describe(happening);
-        self.publish(type_, reason, action, note);
+        if let Some((type_, reason, action, note)) = describe(happening) {
+            self.publish(type_, reason, action, note);
+        }
     }
 }

@@ -155,3 +155,49 @@ async fn a_detached_supervisors_sandboxes_are_adopted_by_the_next(db: sqlx::PgPo
     .await;
     assert_eq!(second.shutdown().await, RunEnd::Shutdown);
 }
+
+/// A healthcheck's runner reports its Result (which stops the Work with no
+/// Stop asked for) and then takes a moment to exit: its sandbox is left to
+/// exit by itself (the finish grace), not removed by the next claims check
+/// as a stopped Work's would be, so the runner's last steps run and the
+/// item counts as finished.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_runner_that_reported_is_let_exit_by_itself(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let root = tempfile::tempdir().unwrap();
+    let marker = root.path().join("exited-by-itself");
+    // The real runner, then a pause of its own before the exit.
+    let script = root.path().join("lingering-runner.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\n'{}' item\ncode=$?\nsleep 0.3\ntouch '{}'\nexit $code\n",
+            env!("CARGO_BIN_EXE_mango-worker"),
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let runner = mango_controller::local::RunnerCommand {
+        program: "/bin/bash".into(),
+        args: vec![script.display().to_string()],
+    };
+    let launcher = LocalLauncher::new(runner, root.path().into(), "default").unwrap();
+    let mut config = config(&api, 2);
+    // A claims check is sure to see the stopped Work before the exit.
+    config.claims_every = Duration::from_millis(20);
+    let running = Running::start(&api, config, launcher).await;
+    let (_, status, message) = healthcheck(&api, Duration::from_secs(30)).await;
+    assert_eq!(status, CheckStatus::Succeeded, "{message}");
+    until("its sandbox goes", Duration::from_secs(10), async || {
+        std::fs::read_dir(root.path().join("sandboxes")).map_or(0, |d| d.count()) == 0
+    })
+    .await;
+    let metrics = running.metrics.render();
+    assert!(marker.exists(), "the runner was cut short: {metrics}");
+    assert!(
+        metrics.contains(r#"mango_supervisor_items_total{outcome="finished"} 1"#)
+            && metrics.contains(r#"mango_supervisor_items_total{outcome="cancelled"} 0"#),
+        "{metrics}"
+    );
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+}

@@ -379,12 +379,7 @@ async fn an_unreachable_api_shows_as_degraded_with_an_event(db: sqlx::PgPool) {
         operator::reconcile(pool.clone(), ctx.clone())
             .await
             .unwrap();
-        let last = mock
-            .seen()
-            .into_iter()
-            .filter(|s| s.uri == STATUS)
-            .last()
-            .unwrap();
+        let last = mock.seen().into_iter().rfind(|s| s.uri == STATUS).unwrap();
         if condition(&last.body, "Degraded")["status"] == "True" {
             break last;
         }
