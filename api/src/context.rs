@@ -27,6 +27,8 @@ pub struct Settings {
     /// A Work item reclaimed more often than this is failed instead of
     /// handed out again (spec §3; `MANGO_MAX_RECLAIMS`).
     pub max_reclaims: u32,
+    /// Where Sessions mount their Memory Stores (`MANGO_MEMORY_MOUNT_ROOT`).
+    pub memory_mount_root: String,
 }
 
 /// A value that never appears in Debug output or logs.
@@ -50,6 +52,7 @@ impl Default for Settings {
             model_api_key: None,
             model_retry_backoff: std::time::Duration::from_secs(1),
             max_reclaims: 10,
+            memory_mount_root: crate::memory_rules::DEFAULT_MOUNT_ROOT.to_string(),
         }
     }
 }

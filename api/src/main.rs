@@ -52,6 +52,10 @@ enum Command {
         /// terminated with the reason (0..=1000).
         #[arg(long, env = "MANGO_MAX_RECLAIMS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
         max_reclaims: u32,
+        /// Where Sessions mount their Memory Stores: a store's `mount_path`
+        /// is `<this>/<slug of its name>` (an absolute path).
+        #[arg(long, env = "MANGO_MEMORY_MOUNT_ROOT", default_value = mango_api::memory_rules::DEFAULT_MOUNT_ROOT, value_parser = mount_root)]
+        memory_mount_root: String,
     },
     /// Apply pending migrations and exit.
     Migrate {
@@ -178,6 +182,22 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: finishing in-flight requests");
 }
 
+/// `MANGO_MEMORY_MOUNT_ROOT`: an absolute path without `.`, `..` or empty segments.
+fn mount_root(raw: &str) -> Result<String, String> {
+    let trimmed = raw.trim_end_matches('/');
+    let clean = trimmed.starts_with('/')
+        && trimmed[1..]
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..");
+    if clean {
+        Ok(trimmed.to_string())
+    } else {
+        Err(format!(
+            "{raw:?} is not a clean absolute directory (like /mnt/memory)"
+        ))
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(normalize_args(std::env::args()));
@@ -200,6 +220,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_reclaims,
             model_base_url,
             model_api_key,
+            memory_mount_root,
         } => {
             init_logging("info");
             let pool = connect_as_api(&db).await?;
@@ -223,6 +244,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 max_reclaims,
                 model_base_url,
                 model_api_key: model_api_key.map(mango_api::context::Secret),
+                memory_mount_root,
                 ..Settings::default()
             };
             server::serve_all(

@@ -4,6 +4,8 @@
 pub mod agents;
 pub mod environments;
 pub mod events;
+pub mod memories;
+pub mod memory_stores;
 pub mod sessions;
 pub mod work;
 
@@ -33,6 +35,8 @@ fn operations() -> OpenApiRouter<ApiContext> {
         .merge(work::router())
         .merge(sessions::router())
         .merge(events::router())
+        .merge(memory_stores::router())
+        .merge(memories::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics))

@@ -14,6 +14,8 @@ mod concurrency;
 mod credentials;
 mod environments_api;
 mod lifecycle_edges;
+mod memory_access;
+mod memory_api;
 mod notifications;
 mod openapi;
 mod session_events;

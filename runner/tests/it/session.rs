@@ -195,18 +195,11 @@ async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_sess
 ) {
     let api = TestApp::start(db).await;
     let operator = Client::new(&api.base, &api.ws_key);
-    let cases = [
-        (
-            json!({"name": "a", "model": "m", "skills": [{"type": "custom", "skill_id": "skill_missing", "version": "7"}]}),
-            json!([]),
-            "custom Skill skill_missing version 7",
-        ),
-        (
-            json!({"name": "b", "model": "m"}),
-            json!([{"type": "memory_store", "memory_store_id": "memstore_missing", "access": "read_write"}]),
-            "Memory Store memstore_missing",
-        ),
-    ];
+    let cases = [(
+        json!({"name": "a", "model": "m", "skills": [{"type": "custom", "skill_id": "skill_missing", "version": "7"}]}),
+        json!([]),
+        "custom Skill skill_missing version 7",
+    )];
     for (agent, resources, named) in cases {
         let (session_id, work) = session_with_work_for(&api, agent, resources).await;
         let workspace = tempfile::tempdir().unwrap();
