@@ -16,6 +16,7 @@ mod environments_api;
 mod lifecycle_edges;
 mod memory_access;
 mod memory_api;
+mod memory_prompt;
 mod notifications;
 mod openapi;
 mod session_events;
