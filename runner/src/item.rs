@@ -5,6 +5,7 @@
 
 use crate::exit::Exit;
 use crate::heartbeat::HeartbeatKeeper;
+use crate::memory::{self, Mounted};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
 use crate::{healthcheck, secret, session};
@@ -43,6 +44,15 @@ pub struct Identity {
         hide = true
     )]
     pub idle_after_end_turn_seconds: u64,
+    /// The least time between Memory Store syncs after tool calls (spec §9:
+    /// 15 s). Hidden: only tests shorten it.
+    #[arg(
+        long,
+        env = "MANGO_MEMORY_SYNC_INTERVAL_SECONDS",
+        default_value_t = memory::SYNC_INTERVAL.as_secs(),
+        hide = true
+    )]
+    pub memory_sync_interval_seconds: u64,
 }
 
 /// Runs the item `identity` names and exits: the whole process of
@@ -110,9 +120,14 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     let kept = keeper.keep(first, done.clone(), lost.clone());
     if let Some(session_id) = session_id {
         let mut toolset = Toolset::new(ToolContext::new(&id.workspace));
+        let mut memory = Mounted::none();
+        let sync_interval = Duration::from_secs(id.memory_sync_interval_seconds);
         let work = async {
             let prepared = tokio::select! {
-                prepared = prepare::check_pinned_inputs(&client, &session_id) => Some(prepared),
+                prepared = async {
+                    prepare::check_pinned_inputs(&client, &session_id).await?;
+                    memory::mount(&client, &session_id, &id.workspace, sync_interval).await
+                } => Some(prepared),
                 _ = lost.cancelled() => None,
             };
             let end = match prepared {
@@ -122,18 +137,28 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                     session::SessionEnd::PreparationUnavailable(why)
                 }
                 Some(Err(PrepareError::Rejected(why))) => session::SessionEnd::Rejected(why),
-                Some(Ok(())) => {
+                Some(Ok(mounted)) => {
+                    memory = mounted;
+                    // The file tools reach the stores' roots; read-only ones refuse writes.
+                    toolset = Toolset::new(ToolContext {
+                        allowed_roots: memory.roots(),
+                        read_only_roots: memory.read_only_roots(),
+                        ..ToolContext::new(&id.workspace)
+                    });
                     session::run(
                         &client,
                         &session_id,
                         &mut toolset,
                         Duration::from_secs(id.idle_after_end_turn_seconds),
                         &lost,
+                        &mut memory,
                     )
                     .await
                 }
             };
+            // The shell first, so nothing writes while the last syncs read.
             toolset.shutdown().await;
+            memory.end(end.is_clean()).await;
             done.cancel();
             end
         };

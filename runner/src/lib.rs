@@ -2,13 +2,15 @@
 //! sandbox. [`item`] is the process; [`heartbeat`] keeps the Work's lease,
 //! [`session`] follows the Session and [`calls`] decides which tool calls
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
-//! fixed probe, [`prepare`] checks pinned inputs, [`secret`] the hand-off.
+//! fixed probe, [`prepare`] checks pinned inputs, [`memory`] mounts and
+//! syncs the Session's Memory Stores, [`secret`] the hand-off.
 
 pub mod calls;
 pub mod exit;
 pub mod healthcheck;
 pub mod heartbeat;
 pub mod item;
+pub mod memory;
 pub mod prepare;
 pub mod secret;
 pub mod session;

@@ -118,7 +118,9 @@ pub async fn check_pinned_inputs(client: &Client, session_id: &str) -> Result<()
             Pinned::MemoryStore { memory_store_id } => client.memory_store(memory_store_id).await,
         };
         match found {
-            // Staging archives and syncing stores comes with those APIs.
+            // Memory Stores are downloaded next (`crate::memory`).
+            Ok(_) if matches!(pin, Pinned::MemoryStore { .. }) => {}
+            // Staging archives comes with the Skills API.
             Ok(_) => {
                 tracing::warn!(input = %pin, "pinned input exists but this runner does not stage it yet")
             }

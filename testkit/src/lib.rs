@@ -14,6 +14,7 @@
 //! * [`sessions`]: Agents, Sessions and their events over HTTP;
 //! * [`sse`]: event streams, frame by frame;
 //! * [`memory`]: Memory Stores and their memories;
+//! * [`lossy`]: a proxy that loses chosen answers after the api acted;
 //! * [`db`]: direct looks at the database (row counts, lock waits);
 //! * [`events`]: typed events written and read as JSON;
 //! * [`model`]: a scripted Messages API endpoint for the agent loop;
@@ -25,6 +26,7 @@ pub mod api;
 pub mod db;
 pub mod events;
 pub mod http;
+pub mod lossy;
 pub mod memory;
 pub mod model;
 pub mod runner;

@@ -6,5 +6,6 @@
 mod behaviour;
 mod e2e;
 mod item;
+mod memory;
 mod session;
 mod tools;
