@@ -24,7 +24,7 @@ pub const MAX_INSTRUCTIONS_CHARS: usize = 4096;
 /// A slug's most bytes: a directory name, with room for a `-N` suffix.
 pub const MAX_SLUG_BYTES: usize = 200;
 /// Where a Session mounts its stores unless the operator says otherwise.
-pub const DEFAULT_MOUNT_ROOT: &str = "/mnt/memory";
+pub use mango_protocol::memory::DEFAULT_MOUNT_ROOT;
 
 fn bad_path(message: String) -> ApiError {
     ApiError::invalid_parameter(message).code(ErrorCode::InvalidMemoryPath)

@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 
 /// The most a memory's content may hold, in UTF-8 bytes (100 kB).
 pub const MAX_CONTENT_BYTES: usize = 102_400;
+/// Where Sessions mount their stores by default, and where sandboxes have a
+/// writable, empty directory for them.
+pub const DEFAULT_MOUNT_ROOT: &str = "/mnt/memory";
 /// The file a runner writes at every store root it mounts; never synced.
 pub const MARKER_PATH: &str = ".anthropic-memory-store";
 

@@ -94,6 +94,28 @@ impl TestApp {
         }
     }
 
+    /// A Session of a new Agent (the scripted model, `tools`) attaching
+    /// `resources`; returns the Session.
+    pub async fn session_with_resources(&self, tools: Value, resources: Value) -> Value {
+        let agent = self
+            .call(
+                Method::POST,
+                "/v1/agents",
+                Some(&self.ws_key),
+                Some(json!({"name": "a", "model": "claude-scripted", "tools": tools})),
+            )
+            .await;
+        agent.expect(200);
+        let session = self
+            .post_session(
+                json!({"agent": agent.body["id"], "environment_id": self.env_id,
+                                 "resources": resources}),
+            )
+            .await;
+        session.expect(200);
+        session.body
+    }
+
     /// The memory at `path`, with its content, if the store has one.
     pub async fn memory_at(&self, store: &str, path: &str) -> Option<Value> {
         let listed = self.all_memories(store).await;

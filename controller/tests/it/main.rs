@@ -1,6 +1,7 @@
 //! `mango-worker` against a real api on PostgreSQL.
 
 mod docker;
+mod docker_memory;
 mod engine;
 mod faults;
 mod item;
