@@ -215,9 +215,11 @@ async fn stores_are_created_read_updated_listed_archived_and_deleted(db: sqlx::P
 async fn bad_store_input_is_refused_at_each_edge_and_writes_nothing(db: sqlx::PgPool) {
     let app = TestApp::start(db).await;
     // The edges that pass.
+    let sixteen: serde_json::Map<String, Value> =
+        (0..16).map(|i| (format!("k{i}"), json!("v"))).collect();
     for ok in [
         json!({"name": "a"}),
-        json!({"name": "é".repeat(255), "description": "d".repeat(1024)}),
+        json!({"name": "é".repeat(255), "description": "d".repeat(1024), "metadata": sixteen}),
     ] {
         ws(&app, Method::POST, "/v1/memory_stores", Some(ok))
             .await
@@ -697,6 +699,8 @@ async fn lists_page_by_path_with_prefixes_depth_and_views(db: sqlx::PgPool) {
     );
     let two = list("?depth=2&path_prefix=/z/").await;
     assert_eq!(paths(&two), ["memory_prefix:/z/y/x/"]);
+    // The deepest depth there is lists everything.
+    assert_eq!(paths(&list("?depth=20").await), paths(&all));
     // Pages: prefixes and memories both count toward the limit.
     let mut seen = Vec::new();
     let mut q = "?depth=1&limit=1".to_string();
