@@ -4,6 +4,7 @@
 # healthcheck that ends `succeeded`; then both keep serving until Ctrl-C.
 #   MANGO_DATABASE_URL  use this PostgreSQL instead of the private cluster in .mango/
 #   MANGO_LISTEN_ADDR   default 127.0.0.1:8080
+#   MANGO_OBJECT_STORE  where Skill archives go (default .mango/objects; s3://bucket/prefix for S3)
 #   MANGO_LAUNCHER      docker | local (default: docker when an engine answers)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -53,6 +54,8 @@ if [ -z "${MANGO_DATABASE_URL:-}" ]; then
 fi
 export MANGO_DATABASE_URL
 mkdir -p "$ROOT/.mango"
+# Skill archives (docs/skills.md): a folder under .mango/ unless told otherwise.
+export MANGO_OBJECT_STORE="${MANGO_OBJECT_STORE:-$ROOT/.mango/objects}"
 
 "$MANGO" migrate >/dev/null
 "$MANGO" serve --no-migrate 2>>"$ROOT/.mango/api.log" &

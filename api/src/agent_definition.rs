@@ -458,6 +458,10 @@ fn skills(list: Vec<SkillParam>) -> ApiResult<Vec<SkillPin>> {
             kind: s.kind,
             skill_id: s.skill_id,
             version,
+            name: None,
+            description: None,
+            content_size_bytes: None,
+            content_sha256: None,
         });
     }
     Ok(out)

@@ -26,6 +26,7 @@ pub mod routes;
 pub mod server;
 pub mod service;
 pub mod session_rules;
+pub mod skills;
 pub mod store;
 pub mod turn;
 pub mod wake;

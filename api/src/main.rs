@@ -52,6 +52,12 @@ enum Command {
         /// terminated with the reason (0..=1000).
         #[arg(long, env = "MANGO_MAX_RECLAIMS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
         max_reclaims: u32,
+        /// Where Skill archives are stored: a local folder (a path or
+        /// file:// URL, created if missing) or s3://bucket/prefix, with
+        /// credentials, region and an S3-compatible endpoint from the usual
+        /// AWS_* variables (AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
+        #[arg(long, env = "MANGO_OBJECT_STORE", default_value = ".mango/objects")]
+        object_store: String,
         /// Where Sessions mount their Memory Stores: a store's `mount_path`
         /// is `<this>/<slug of its name>` (an absolute path).
         #[arg(long, env = "MANGO_MEMORY_MOUNT_ROOT", default_value = mango_api::memory_rules::DEFAULT_MOUNT_ROOT, value_parser = mount_root)]
@@ -120,6 +126,7 @@ const LONG_FLAGS: &[&str] = &[
     "no-migrate",
     "default-ttl-seconds",
     "max-reclaims",
+    "object-store",
 ];
 
 fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
@@ -220,9 +227,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_reclaims,
             model_base_url,
             model_api_key,
+            object_store,
             memory_mount_root,
         } => {
             init_logging("info");
+            let skill_archives = mango_api::skills::objects::Archives::open(&object_store)?;
+            tracing::info!(store = %skill_archives.location(), "Skill archives");
             let pool = connect_as_api(&db).await?;
             if !no_migrate {
                 MIGRATOR.run(&pool).await.context("migration failed")?;
@@ -244,6 +254,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 max_reclaims,
                 model_base_url,
                 model_api_key: model_api_key.map(mango_api::context::Secret),
+                skill_archives,
                 memory_mount_root,
                 ..Settings::default()
             };

@@ -26,7 +26,7 @@ pub const X_API_KEY: &str = "x_api_key";
 #[openapi(
     info(
         title = "Mango Environment Work API",
-        description = "The control plane of Mango: Environments, the Work lease API, Agents and Sessions. \
+        description = "The control plane of Mango: Environments, the Work lease API, Agents, Sessions and Skills. \
 Every credential is sent as `Authorization: Bearer <credential>`: a Workspace key (`mango_wsk_…`), an \
 Environment key (`mango_envk_…`) or a Work item's sessions token (`mango_st_…`); Workspace keys may also \
 use `x-api-key`. Which credential an operation takes is in its description; a valid credential outside \
@@ -42,6 +42,7 @@ and every response carries a `request-id` header. See docs/protocol.md."
         (name = "Memory Stores", description = "Memory Stores, their memories and memory versions (Workspace key; a Session's sessions token reads the stores its Session attaches and writes its `read_write` ones)"),
         (name = "Sessions", description = "Sessions (Workspace key; a Session's sessions token reads it)"),
         (name = "Events", description = "A Session's event log, what clients send, and the live stream"),
+        (name = "Skills", description = "Custom Skills and their immutable versions (Workspace key; a sessions token reads and downloads its Session's pinned versions)"),
         (name = "Operations", description = "Health, readiness, metrics and this document (no credential)"),
     )
 )]
@@ -226,6 +227,10 @@ error_answers! {
     MemoryConflicts {
         "409" => "`memory_precondition_failed_error`: the memory's `content_sha256` is not the expected one (`details.current_content_sha256`); `memory_path_conflict_error`: another memory has the path (`details.memory_id`); or `conflict_error`. Sent with `x-should-retry: false`; nothing was written",
     }
+    /// A Skill upload.
+    UploadTooLarge {
+        "413" => "The upload is larger than 8 MiB, or its files pass a limit of Skills (`request_too_large`; the message names it)",
+    }
     /// Heartbeat's precondition.
     PreconditionFailed {
         "412" => "`expected_last_heartbeat` is not the lease's last heartbeat, or the lease ran out (`heartbeat_precondition_failed`, with `details.current_state`)",
@@ -245,6 +250,22 @@ impl utoipa::PartialSchema for EventTypeName {
 }
 
 impl utoipa::ToSchema for EventTypeName {}
+
+/// A Skill version's archive: the raw bytes of a zip file.
+pub struct SkillArchive;
+
+impl utoipa::PartialSchema for SkillArchive {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for SkillArchive {}
 
 /// `/healthz` and `/readyz`.
 #[derive(serde::Serialize, utoipa::ToSchema)]

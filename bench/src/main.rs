@@ -14,7 +14,12 @@
 //!   tool round trip and peak RSS, against the official Python SDK's
 //!   `EnvironmentWorker` serving the same script on the same server, in
 //!   `--runner-rounds` independent rounds (new worker processes each);
-//! * `all` (the default): all five.
+//! * `all` (the default): all five;
+//! * `controller`: the Kubernetes launcher's CPU per item (the Pod spec
+//!   and its API calls) and RSS with 200 items tracked, against a mock API
+//!   server; it needs no database. Its last line:
+//!   `controller_floor_cpu_ms_per_item=… controller_cpu_ratio=…
+//!   controller_cpu_ms_per_item=… controller_rss_mib=…`.
 //!
 //! The last line is machine-readable:
 //! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
@@ -24,6 +29,7 @@
 //! the runner keys are those of the round with the median p50 ratio)
 //! (a single phase prints only its own keys). The database is dropped at the end.
 
+mod controller;
 mod depth;
 mod events;
 mod harness;
@@ -111,6 +117,12 @@ struct Cli {
     /// next one's, so a single round says little about the ratio.
     #[arg(long, default_value_t = 5, global = true)]
     runner_rounds: usize,
+    /// Items run one after another through the Kubernetes launcher (controller).
+    #[arg(long, default_value_t = 200, global = true)]
+    controller_items: usize,
+    /// Items tracked at once for the RSS figure (controller).
+    #[arg(long, default_value_t = 200, global = true)]
+    controller_tracked: usize,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -132,7 +144,10 @@ enum Command {
     /// EnvironmentWorker (needs target/release/mango-runner; the SDK half
     /// needs .venv, see scripts/venv.sh).
     Runner,
-    /// All of the above (the default).
+    /// The Kubernetes launcher's CPU per item and RSS with 200 items
+    /// tracked, against a mock API server (no database; not in `all`).
+    Controller,
+    /// All of the above but `controller` (the default).
     All,
 }
 
@@ -295,6 +310,25 @@ async fn main() -> std::process::ExitCode {
     if let Err(err) = check(&cli) {
         eprintln!("error: {err:#}");
         return std::process::ExitCode::FAILURE;
+    }
+    if command == Command::Controller {
+        let opts = controller::Options {
+            items: cli.controller_items,
+            tracked: cli.controller_tracked,
+        };
+        let outcome = std::thread::spawn(move || controller::run(&opts))
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the controller bench panicked")));
+        return match outcome {
+            Ok(result) => {
+                println!("{}", result.line());
+                std::process::ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("error: {err:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     let bench = match Bench::setup(&cli.database_url, cli.db_max_connections).await {
         Ok(bench) => Arc::new(bench),

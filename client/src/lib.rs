@@ -515,6 +515,27 @@ impl Client {
         .await
     }
 
+    /// The archive of a Skill version (`GET …/versions/{version}/content`),
+    /// its headers received, its body still to be read (streamed by the
+    /// caller, which checks its length and digest). Transient failures
+    /// before the headers are retried.
+    pub async fn skill_content(&self, skill_id: &str, version: &str) -> Result<reqwest::Response> {
+        let path = format!("/v1/skills/{skill_id}/versions/{version}/content");
+        self.retrying(&path, || async {
+            let resp = self
+                .request(Method::GET, &path)
+                .header(reqwest::header::ACCEPT, "application/binary")
+                .send()
+                .await?;
+            if resp.status().is_success() {
+                Ok(resp)
+            } else {
+                Err(api_error(resp).await)
+            }
+        })
+        .await
+    }
+
     /// A Memory Store a Session attaches.
     pub async fn memory_store(&self, memory_store_id: &str) -> Result<Value> {
         self.json(

@@ -295,6 +295,9 @@ def _serve_fresh_database(extra_env: Optional[Dict[str, str]] = None) -> Iterato
     database_url = _with_database(admin_url, db_name)
     log_fd, log_path = tempfile.mkstemp(prefix="mango-compat-", suffix=".log")
     os.close(log_fd)
+    # Skill archives go to a folder of this server's own (MANGO_OBJECT_STORE).
+    objects = tempfile.mkdtemp(prefix="mango-compat-objects-")
+    extra_env = {"MANGO_OBJECT_STORE": objects, **(extra_env or {})}
 
     server: Optional[Mango] = None
     try:
@@ -307,6 +310,7 @@ def _serve_fresh_database(extra_env: Optional[Dict[str, str]] = None) -> Iterato
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(objects, ignore_errors=True)
         if os.environ.get("MANGO_COMPAT_KEEP_DB") != "1":
             try:
                 _psql(admin_url, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')

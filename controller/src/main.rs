@@ -1,6 +1,7 @@
 //! `mango-worker`: the supervisor's binary. Its launchers start one sandbox
 //! per acknowledged Work item: `docker` (hardened containers) and `local`
-//! (subprocesses, development only); `item` runs one item in this process,
+//! (subprocesses, development only), and `kubernetes` runs the operator
+//! (one hardened Pod per item under a `WorkerPool`); `item` runs one item in this process,
 //! as the seed's `HandleItem` does (the same code as `mango-runner`).
 
 use clap::{Args, Parser, Subcommand};
@@ -49,6 +50,9 @@ enum Command {
         #[arg(long, env = "MANGO_SANDBOX_BASE_URL")]
         sandbox_base_url: Option<String>,
     },
+    /// Run the Kubernetes operator: one supervisor per WorkerPool, one
+    /// hardened Pod per item, a PVC per Session.
+    Kubernetes(mango_controller::kubernetes::cli::KubernetesArgs),
     /// Run one acknowledged Work item here; the Work secret is read from
     /// stdin (an alias of `mango-runner`).
     Item(Identity),
@@ -113,6 +117,12 @@ fn main() -> ExitCode {
             block_on(async move {
                 let launcher = LocalLauncher::new(runner, root, &config.pool)?;
                 Ok(supervise(common, config, launcher).await)
+            })
+        }
+        Command::Kubernetes(args) => {
+            init_logging();
+            block_on(async move {
+                Ok(mango_controller::kubernetes::cli::run(args, shutdown_signal()).await)
             })
         }
         Command::Docker { common, docker } => {

@@ -276,8 +276,56 @@ pub struct SkillPin {
     #[serde(rename = "type")]
     pub kind: SkillKind,
     pub skill_id: String,
-    /// A version id, or `latest`.
+    /// A version id, or `latest` in an Agent; always a version id of a
+    /// custom Skill in a Session's snapshot (frozen at its creation).
     pub version: String,
+    /// In a Session's snapshot, for a custom Skill: its slug (its directory
+    /// under `skills/`). Absent in an Agent. See [`FrozenSkill`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// In a Session's snapshot, for a custom Skill: its description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// In a Session's snapshot, for a custom Skill: its archive's length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_size_bytes: Option<i64>,
+    /// In a Session's snapshot, for a custom Skill: its archive's lowercase hex SHA-256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_sha256: Option<String>,
+}
+
+impl SkillPin {
+    /// What a Session's snapshot froze of this pin, when it has all of it.
+    pub fn frozen(&self) -> Option<FrozenSkill> {
+        Some(FrozenSkill {
+            name: self.name.clone()?,
+            description: self.description.clone()?,
+            content_size_bytes: self.content_size_bytes?,
+            content_sha256: self.content_sha256.clone()?,
+        })
+    }
+
+    /// Records what a Session froze.
+    pub fn freeze(&mut self, frozen: FrozenSkill) {
+        self.name = Some(frozen.name);
+        self.description = Some(frozen.description);
+        self.content_size_bytes = Some(frozen.content_size_bytes);
+        self.content_sha256 = Some(frozen.content_sha256);
+    }
+}
+
+/// The pinned version of a custom Skill as a Session's snapshot records it
+/// (Mango's extension of the SDK's skill reference, as optional fields of
+/// [`SkillPin`]): enough to render it to the model and to verify its archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenSkill {
+    /// The Skill's kebab-case slug: its directory under `skills/`.
+    pub name: String,
+    pub description: String,
+    /// Length in bytes of the version's archive.
+    pub content_size_bytes: i64,
+    /// Lowercase hex SHA-256 of the version's archive.
+    pub content_sha256: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

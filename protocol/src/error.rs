@@ -170,6 +170,17 @@ error_codes! {
     ConfirmationNotRequested => "confirmation_not_requested",
     AlreadyConfirmed => "already_confirmed",
     AlreadyAnswered => "already_answered",
+    // Skills.
+    SkillNotFound => "skill_not_found",
+    SkillVersionNotFound => "skill_version_not_found",
+    /// An upload that breaks a rule of Skills (path, member type, SKILL.md).
+    InvalidSkill => "invalid_skill",
+    /// A new version whose SKILL.md names another Skill.
+    SkillNameMismatch => "skill_name_mismatch",
+    /// Deleting a version a Session that can still run pins.
+    SkillInUse => "skill_in_use",
+    /// Deleting a Skill's only version (delete the Skill instead).
+    LastSkillVersion => "last_skill_version",
 }
 
 impl ErrorCode {

@@ -14,6 +14,7 @@ pub mod patch;
 #[cfg(feature = "openapi")]
 mod schema;
 pub mod sessions;
+pub mod skills;
 pub mod strict;
 pub mod time;
 pub mod tools;

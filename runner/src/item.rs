@@ -8,7 +8,7 @@ use crate::heartbeat::HeartbeatKeeper;
 use crate::memory::{self, Mounted};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{healthcheck, secret, session};
+use crate::{healthcheck, secret, session, skills};
 use anyhow::Context;
 use mango_client::Client;
 use std::path::PathBuf;
@@ -83,6 +83,30 @@ pub fn run(identity: Identity) -> ExitCode {
     }
 }
 
+/// Before any tool runs: the snapshot's pinned inputs checked, its Skills
+/// materialized under `skills/` of the workspace, and its Memory Stores
+/// downloaded to their mount paths.
+async fn prepare_inputs(
+    client: &Client,
+    session_id: &str,
+    workspace: &std::path::Path,
+    sync_interval: Duration,
+) -> Result<(Option<skills::SkillsTree>, Mounted), PrepareError> {
+    let session = prepare::check_pinned_inputs(client, session_id).await?;
+    let skills =
+        skills::materialize(client, &session, workspace, skills::Limits::default()).await?;
+    // The Memory Stores from the same snapshot: one fetch, one view of the resources.
+    match Mounted::download(client, &session, workspace, sync_interval).await {
+        Ok(mounted) => Ok((skills, mounted)),
+        Err(err) => {
+            if let Some(tree) = skills {
+                tree.remove().await;
+            }
+            Err(err)
+        }
+    }
+}
+
 async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     let session_id = match (id.work_type.as_str(), id.session_id.clone()) {
         ("healthcheck", _) => None,
@@ -124,10 +148,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         let sync_interval = Duration::from_secs(id.memory_sync_interval_seconds);
         let work = async {
             let prepared = tokio::select! {
-                prepared = async {
-                    prepare::check_pinned_inputs(&client, &session_id).await?;
-                    memory::mount(&client, &session_id, &id.workspace, sync_interval).await
-                } => Some(prepared),
+                prepared = prepare_inputs(&client, &session_id, &id.workspace, sync_interval) => Some(prepared),
                 _ = lost.cancelled() => None,
             };
             let end = match prepared {
@@ -137,7 +158,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                     session::SessionEnd::PreparationUnavailable(why)
                 }
                 Some(Err(PrepareError::Rejected(why))) => session::SessionEnd::Rejected(why),
-                Some(Ok(mounted)) => {
+                Some(Ok((skills, mounted))) => {
                     memory = mounted;
                     // The file tools reach the stores' roots; read-only ones refuse writes.
                     toolset = Toolset::new(ToolContext {
@@ -145,7 +166,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                         read_only_roots: memory.read_only_roots(),
                         ..ToolContext::new(&id.workspace)
                     });
-                    session::run(
+                    let end = session::run(
                         &client,
                         &session_id,
                         &mut toolset,
@@ -153,7 +174,11 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                         &lost,
                         &mut memory,
                     )
-                    .await
+                    .await;
+                    if let Some(tree) = skills {
+                        tree.remove().await;
+                    }
+                    end
                 }
             };
             // The shell first, so nothing writes while the last syncs read.

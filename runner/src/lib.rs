@@ -2,8 +2,9 @@
 //! sandbox. [`item`] is the process; [`heartbeat`] keeps the Work's lease,
 //! [`session`] follows the Session and [`calls`] decides which tool calls
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
-//! fixed probe, [`prepare`] checks pinned inputs, [`memory`] mounts and
-//! syncs the Session's Memory Stores, [`secret`] the hand-off.
+//! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
+//! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
+//! Stores, [`secret`] the hand-off.
 
 pub mod calls;
 pub mod exit;
@@ -14,4 +15,5 @@ pub mod memory;
 pub mod prepare;
 pub mod secret;
 pub mod session;
+pub mod skills;
 pub mod tools;

@@ -6,8 +6,9 @@
 //! running the agent without them. A retrieval that fails for a transient
 //! reason leaves the lease to expire, so the item is reclaimed and tried again.
 //!
-//! Mango's api serves neither Skills nor Memory Stores yet, so today any such
-//! pin ends the Work this way, loudly, rather than silently missing.
+//! Custom Skills are materialized by [`crate::skills`]; Mango's api serves
+//! no Memory Stores yet, so today such an attachment ends the Work this way,
+//! loudly, rather than silently missing.
 
 use mango_client::{Client, ClientError};
 use mango_protocol::agents::SkillKind;
@@ -103,8 +104,13 @@ pub fn fail_message(why: &str) -> String {
     cut
 }
 
-/// Reads the snapshot and checks every pinned input exists.
-pub async fn check_pinned_inputs(client: &Client, session_id: &str) -> Result<(), PrepareError> {
+/// Reads the snapshot and checks every pinned input exists (custom Skills
+/// are downloaded and verified by [`crate::skills::materialize`] instead);
+/// returns the snapshot.
+pub async fn check_pinned_inputs(
+    client: &Client,
+    session_id: &str,
+) -> Result<Session, PrepareError> {
     let session = client.session(session_id).await.map_err(|err| {
         if err.is_transient() {
             PrepareError::Transient(format!("reading the Session snapshot: {err}"))
@@ -112,22 +118,21 @@ pub async fn check_pinned_inputs(client: &Client, session_id: &str) -> Result<()
             PrepareError::Rejected(format!("reading the Session snapshot: {err}"))
         }
     })?;
-    for pin in pinned_inputs(&session) {
+    let checked = pinned_inputs(&session)
+        .into_iter()
+        .filter(|p| !matches!(p, Pinned::Skill { .. }));
+    for pin in checked {
         let found = match &pin {
             Pinned::Skill { skill_id, version } => client.skill_version(skill_id, version).await,
             Pinned::MemoryStore { memory_store_id } => client.memory_store(memory_store_id).await,
         };
         match found {
-            // Memory Stores are downloaded next (`crate::memory`).
-            Ok(_) if matches!(pin, Pinned::MemoryStore { .. }) => {}
-            // Staging archives comes with the Skills API.
-            Ok(_) => {
-                tracing::warn!(input = %pin, "pinned input exists but this runner does not stage it yet")
-            }
+            // Memory Stores are then downloaded by `crate::memory`.
+            Ok(_) => {}
             Err(err) => return Err(classify(&pin, &err)),
         }
     }
-    Ok(())
+    Ok(session)
 }
 
 #[cfg(test)]

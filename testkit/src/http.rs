@@ -91,7 +91,7 @@ impl TestApp {
     }
 }
 
-async fn reply(resp: reqwest::Response) -> Reply {
+pub(crate) async fn reply(resp: reqwest::Response) -> Reply {
     let status = resp.status();
     let headers = resp.headers().clone();
     let text = resp.text().await.unwrap();

@@ -19,6 +19,7 @@
 //! * [`events`]: typed events written and read as JSON;
 //! * [`model`]: a scripted Messages API endpoint for the agent loop;
 //! * [`turns`]: waiting on the agent loop's turns;
+//! * [`skills`]: Skill uploads and downloads, and hand-built (hostile) zips;
 //! * [`runner`]: a Session's Work claimed as a supervisor would before
 //!   starting an item runner.
 
@@ -26,11 +27,13 @@ pub mod api;
 pub mod db;
 pub mod events;
 pub mod http;
+pub mod kube_api;
 pub mod lossy;
 pub mod memory;
 pub mod model;
 pub mod runner;
 pub mod sessions;
+pub mod skills;
 pub mod sse;
 pub mod turns;
 pub mod work;

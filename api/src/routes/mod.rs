@@ -7,6 +7,7 @@ pub mod events;
 pub mod memories;
 pub mod memory_stores;
 pub mod sessions;
+pub mod skills;
 pub mod work;
 
 use crate::context::ApiContext;
@@ -37,6 +38,7 @@ fn operations() -> OpenApiRouter<ApiContext> {
         .merge(events::router())
         .merge(memory_stores::router())
         .merge(memories::router())
+        .merge(skills::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(metrics))

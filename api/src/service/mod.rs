@@ -10,4 +10,5 @@ pub mod fail;
 pub mod memory;
 pub mod poll;
 pub mod sessions;
+pub mod skills;
 pub mod work;

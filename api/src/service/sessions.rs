@@ -3,7 +3,7 @@
 
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
-use crate::service::admission;
+use crate::service::{admission, skills};
 use crate::session_rules::Sender;
 use crate::store::agents::AgentRow;
 use crate::store::sessions::{self, SessionRow};
@@ -29,7 +29,7 @@ pub struct NewSession {
 pub async fn create(ctx: &ApiContext, new: NewSession) -> ApiResult<SessionRow> {
     let now = time::now();
     let snapshot = AgentSnapshot::from(new.agent.render());
-    let row = SessionRow {
+    let mut row = SessionRow {
         id: ids::new_id("sesn"),
         workspace_id: new.workspace_id,
         environment_id: new.environment_id,
@@ -46,7 +46,10 @@ pub async fn create(ctx: &ApiContext, new: NewSession) -> ApiResult<SessionRow> 
         archived_at: None,
     };
     let mut tx = ctx.db.begin().await?;
+    // Custom Skills are pinned to exact versions (`latest` resolved) now.
+    let pins = skills::freeze_pins(&mut tx, &row.workspace_id, &mut row.agent.0).await?;
     let mut session = sessions::insert(&mut *tx, &row).await?;
+    skills::record_pins(&mut tx, &session.id, &pins).await?;
     let admitted = if new.initial_events.is_empty() {
         None
     } else {

@@ -15,6 +15,7 @@ pub mod listeners;
 pub mod memory;
 pub mod outbox;
 pub mod sessions;
+pub mod skills;
 pub mod steps;
 pub mod tool_calls;
 pub mod work;

@@ -161,7 +161,8 @@ pub fn request(agent: &AgentSnapshot, events: &[Event], max_tokens: u32) -> Valu
         "max_tokens": max_tokens,
         "messages": transcript(events),
     });
-    if let Some(system) = agent.definition.system.as_deref().filter(|s| !s.is_empty()) {
+    let system = crate::skills::prompt::with_skills(agent.definition.system.as_deref(), agent);
+    if let Some(system) = system.filter(|s| !s.is_empty()) {
         body["system"] = json!(system);
     }
     let declarations = tools.declarations();

@@ -21,5 +21,6 @@ mod notifications;
 mod openapi;
 mod session_events;
 mod sessions_api;
+mod skills_api;
 mod smoke;
 mod work_api;

@@ -55,7 +55,7 @@ impl Outcome {
         Outcome::Adopted,
     ];
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Finished => "finished",
             Outcome::Cancelled => "cancelled",

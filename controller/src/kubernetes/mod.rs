@@ -2,7 +2,13 @@
 //! custom resource per pool, one supervisor (the same core as Docker's)
 //! per pool, one hardened Pod per item, a PVC per Session.
 
+pub mod cli;
 pub mod crd;
+pub mod events;
 pub mod launcher;
+pub mod leader;
+pub mod operator;
 pub mod pod;
 pub mod pods;
+pub mod status;
+pub mod sweep;

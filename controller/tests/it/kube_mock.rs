@@ -97,3 +97,86 @@ impl ApiServer {
         }
     }
 }
+
+/// A request the router saw.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: Method,
+    pub uri: String,
+    pub body: Value,
+}
+
+/// How the router answers a request: a response, or none yet (a watch
+/// that stays open).
+pub type Answer = Option<(u16, Value)>;
+
+/// The mock answering by rule in the background, for tests where the
+/// order of concurrent requests (a watch, an Event, a status patch) is not
+/// the point; it records every request.
+pub struct Routed {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    pub fn route(mut self, answer: impl Fn(&Seen) -> Answer + Send + 'static) -> Routed {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let task = tokio::spawn({
+            let seen = seen.clone();
+            async move {
+                let mut open = Vec::new();
+                while let Some((request, respond)) = self.handle.next_request().await {
+                    let method = request.method().clone();
+                    let uri = request.uri().to_string();
+                    let bytes: Bytes = request.into_body().collect_bytes().await.unwrap();
+                    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let request = Seen { method, uri, body };
+                    let reply = answer(&request);
+                    seen.lock().unwrap().push(request);
+                    let received = Received {
+                        method: Method::GET,
+                        uri: String::new(),
+                        body: Value::Null,
+                        respond,
+                    };
+                    match reply {
+                        Some((status, body)) => received.respond(status, body),
+                        None => open.push(received),
+                    }
+                }
+            }
+        });
+        Routed { seen, task }
+    }
+}
+
+impl Routed {
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 10 s) for a request that `matches`; returns it.
+    pub async fn until(&self, what: &str, matches: impl Fn(&Seen) -> bool) -> Seen {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(found) = self.seen().into_iter().find(|s| matches(s)) {
+                return found;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what} within 10 s; seen: {:?}",
+                self.seen()
+                    .iter()
+                    .map(|s| format!("{} {}", s.method, s.uri))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,13 +1,16 @@
 //! `mango-worker` against a real api on PostgreSQL.
 
+mod chart;
 mod docker;
 mod docker_memory;
 mod engine;
 mod faults;
 mod item;
+mod k8s_kubelet;
 mod k8s_launcher;
 mod kube_mock;
 mod local;
+mod operator;
 mod proxy;
 mod support;
 mod worker;

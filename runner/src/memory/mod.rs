@@ -56,23 +56,6 @@ fn retrieval(store: &str, err: ClientError) -> PrepareError {
     }
 }
 
-/// Reads the Session snapshot and downloads the stores it attaches.
-pub async fn mount(
-    client: &Client,
-    session_id: &str,
-    workspace: &Path,
-    interval: Duration,
-) -> Result<Mounted, PrepareError> {
-    let session = client.session(session_id).await.map_err(|err| {
-        if err.is_transient() {
-            PrepareError::Transient(format!("reading the Session snapshot: {err}"))
-        } else {
-            PrepareError::Rejected(format!("reading the Session snapshot: {err}"))
-        }
-    })?;
-    Mounted::download(client, &session, workspace, interval).await
-}
-
 /// Dropped before its end (a lease lost mid-download): the folders go.
 impl Drop for Mounted {
     fn drop(&mut self) {

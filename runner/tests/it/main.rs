@@ -8,4 +8,5 @@ mod e2e;
 mod item;
 mod memory;
 mod session;
+mod skills;
 mod tools;

@@ -195,13 +195,22 @@ async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_sess
 ) {
     let api = TestApp::start(db).await;
     let operator = Client::new(&api.base, &api.ws_key);
+    // A Skill version the Session froze, gone behind the api's back. (A
+    // Memory Store deleted after the Session attached it: memory.rs.)
+    let (skill, version) = api.create_skill("vanishing", "Gone.").await;
+    let version = version["id"].as_str().unwrap().to_string();
     let cases = [(
-        json!({"name": "a", "model": "m", "skills": [{"type": "custom", "skill_id": "skill_missing", "version": "7"}]}),
+        json!({"name": "a", "model": "m", "skills": [{"type": "custom", "skill_id": skill, "version": version}]}),
         json!([]),
-        "custom Skill skill_missing version 7",
+        format!("custom Skill {skill} version {version}"),
     )];
     for (agent, resources, named) in cases {
         let (session_id, work) = session_with_work_for(&api, agent, resources).await;
+        sqlx::query("DELETE FROM skills WHERE id = $1")
+            .bind(&skill)
+            .execute(&api.db)
+            .await
+            .unwrap();
         let workspace = tempfile::tempdir().unwrap();
         // A call is already waiting: it must not run.
         append_agent_events(
@@ -227,7 +236,7 @@ async fn a_pinned_input_that_cannot_exist_fails_the_work_and_terminates_the_sess
             .expect("a session.error");
         assert_eq!(error["error"]["type"], "session_input_failed_error");
         let message = error["error"]["message"].as_str().unwrap();
-        assert!(message.contains(named), "{message}");
+        assert!(message.contains(&named), "{message}");
         assert_eq!(events.last().unwrap()["type"], "session.status_terminated");
         assert!(
             !events.iter().any(|e| e["type"] == "user.tool_result"),

@@ -1,0 +1,254 @@
+"""charts/mango, linted and rendered by real Helm (helm-python-sdk: Helm v4's Go
+SDK; no cluster). The Rust test controller/tests/it/chart.rs parses the same
+renderings as k8s-openapi types and checks what users rely on; these check
+what Helm itself decides: lint, which objects a release has with the default
+and the production values, the refusals of a wrong configuration, the trial
+password and the CRD copy.
+
+No mango server is needed (none of conftest.py's fixtures is used)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections import Counter
+from typing import Any, Dict, List
+
+import helm_python
+import pytest
+
+from chart_render import CHART, PRODUCTION_VALUES, REPO_ROOT, load_values, notes, render
+
+DEFAULT: Dict[str, Any] = {}
+PRODUCTION = load_values([PRODUCTION_VALUES])
+KEY_PREFIXES = ("mango_wsk_", "mango_envk_", "mango_st_")
+
+
+def objects(values: Dict[str, Any], **kw: Any) -> List[Dict[str, Any]]:
+    return [
+        dict(helm_python.values_from_yaml(doc["yaml"]), __source=doc["source"])
+        for doc in render(values, **kw)
+    ]
+
+
+def kinds(objs: List[Dict[str, Any]]) -> Counter:
+    return Counter(o["kind"] for o in objs)
+
+
+def one(objs: List[Dict[str, Any]], kind: str, name: str) -> Dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"one {kind} {name}: {[(o['kind'], o['metadata']['name']) for o in objs]}"
+    return found[0]
+
+
+@pytest.mark.parametrize("values_file", [None, PRODUCTION_VALUES], ids=["default", "production"])
+def test_lint_has_no_errors_or_warnings_even_strict(values_file: Any) -> None:
+    values = load_values([values_file] if values_file else [])
+    for strict in (False, True):
+        report = helm_python.lint(CHART, values, strict=strict, namespace="mango")
+        assert report["total_charts_linted"] == 1, report
+        assert report["errors"] == [], report
+        worse_than_info = [m for m in report["messages"] if m["severity"] >= 2]
+        assert worse_than_info == [], report
+
+
+def test_default_values_render_a_trial_release() -> None:
+    objs = objects(DEFAULT)
+    assert kinds(objs) == Counter(
+        {
+            "ConfigMap": 1,
+            "CustomResourceDefinition": 1,
+            "Deployment": 2,
+            "NetworkPolicy": 2,
+            "Role": 1,
+            "RoleBinding": 1,
+            "Secret": 1,
+            "Service": 2,
+            "ServiceAccount": 2,
+            "StatefulSet": 1,
+        }
+    )
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    for want in [
+        ("Deployment", "mango-api"),
+        ("Deployment", "mango-controller"),
+        ("Service", "mango-api"),
+        ("StatefulSet", "mango-postgresql"),
+        ("Secret", "mango-postgresql"),
+        ("NetworkPolicy", "mango-sandbox"),
+        ("CustomResourceDefinition", "workerpools.mango.dev"),
+    ]:
+        assert want in names, names
+    # No WorkerPool without pool.enabled, no cluster-wide RBAC ever.
+    assert "WorkerPool" not in kinds(objs)
+    for o in objs:
+        if o["kind"] != "CustomResourceDefinition":
+            assert o["metadata"]["namespace"] == "mango", o["metadata"]
+
+
+def test_production_values_render_no_secret_and_no_bundled_database() -> None:
+    objs = objects(PRODUCTION)
+    counted = kinds(objs)
+    assert counted["Secret"] == 0 and counted["StatefulSet"] == 0, counted
+    assert counted["NetworkPolicy"] == 1, "the sandboxes' only (no bundled PostgreSQL to guard)"
+    pool = one(objs, "WorkerPool", "builders")
+    assert pool["spec"]["runtimeClassName"] == "gvisor"
+    assert pool["spec"]["apiUrl"] == "http://mango-api.mango.svc:8080"
+    api = one(objs, "Deployment", "mango-api")
+    env = {e["name"]: e for e in api["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MANGO_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mango-database",
+        "key": "database-url",
+    }
+    assert env["MANGO_MODEL_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "mango-model", "key": "api-key"}
+    assert api["spec"]["replicas"] == 2
+    assert one(objs, "Deployment", "mango-controller")["spec"]["replicas"] == 2
+
+
+def test_the_release_name_names_everything() -> None:
+    objs = objects(DEFAULT, name="demo", namespace="agents")
+    controller = one(objs, "Deployment", "demo-mango-controller")
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MANGO_DEFAULT_API_URL"] == "http://demo-mango-api.agents.svc:8080"
+    one(objs, "Service", "demo-mango-api")
+    assert all(o["metadata"].get("namespace") in ("agents", None) for o in objs)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"postgresql": {"enabled": False}}, "no database: set database.existingSecret"),
+        ({"database": {"existingSecret": "db"}}, "choose your PostgreSQL"),
+        ({"pool": {"enabled": True, "environmentKeySecret": {"name": "k"}}}, "pool.environmentId is required"),
+        ({"pool": {"enabled": True, "environmentId": "env_1"}}, "pool.environmentKeySecret.name is required"),
+    ],
+    ids=["no-database", "two-databases", "pool-without-environment", "pool-without-secret"],
+)
+def test_a_wrong_configuration_is_refused_with_its_reason(values: Dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmError) as err:
+        render(values)
+    assert message in str(err.value)
+
+
+def test_the_trial_password_is_generated_and_only_in_its_secret() -> None:
+    passwords = set()
+    for _ in range(2):
+        objs = objects(DEFAULT)
+        secret = one(objs, "Secret", "mango-postgresql")
+        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        password = base64.b64decode(secret["data"]["password"]).decode()
+        url = base64.b64decode(secret["data"]["database-url"]).decode()
+        assert re.fullmatch(r"[A-Za-z0-9]{32}", password), "32 random letters and digits"
+        assert url == f"postgres://mango:{password}@mango-postgresql.mango.svc:5432/mango"
+        others = [o for o in objs if (o["kind"], o["metadata"]["name"]) != ("Secret", "mango-postgresql")]
+        assert password not in repr(others)
+        passwords.add(password)
+    assert len(passwords) == 2, "a first install generates a new one (lookup finds none offline)"
+
+
+@pytest.mark.parametrize("values", [DEFAULT, PRODUCTION], ids=["default", "production"])
+def test_no_key_is_ever_in_a_manifest(values: Dict[str, Any]) -> None:
+    for doc in render(values):
+        for prefix in KEY_PREFIXES:
+            assert prefix not in doc["yaml"], f"{doc['source']} holds a {prefix}… credential"
+
+
+def test_values_files_hold_no_credential() -> None:
+    """Secrets are named, never given: every leaf under a credential-sounding key is a name or empty."""
+    credential = re.compile(r"(password|token|apikey|api_key|secretvalue)$", re.I)
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if credential.search(k):
+                    raise AssertionError(f"{path}.{k} looks like a credential value")
+                walk(v, f"{path}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(node, str):
+            assert not node.startswith(KEY_PREFIXES), f"{path} holds a key"
+
+    for path in [CHART / "values.yaml", PRODUCTION_VALUES]:
+        walk(helm_python.values_from_yaml(path.read_text()), path.name)
+
+
+def test_the_chart_ships_the_generated_crd_unchanged() -> None:
+    """charts/mango/crds/ is a copy of crds/workerpool.yaml (what `crdgen` prints):
+    cp crds/workerpool.yaml charts/mango/crds/workerpool.yaml after regenerating."""
+    generated = (REPO_ROOT / "crds" / "workerpool.yaml").read_text()
+    with helm_python.Chart.load(CHART) as chart:
+        shipped = chart.crds
+    assert [c["filename"] for c in shipped] == ["mango/crds/workerpool.yaml"]
+    assert shipped[0]["data"] == generated, (
+        "charts/mango/crds/workerpool.yaml is stale: cp crds/workerpool.yaml charts/mango/crds/"
+    )
+
+
+def test_notes_show_the_bootstrap_and_no_key() -> None:
+    text = notes(DEFAULT)
+    assert "kubectl -n mango exec deploy/mango-api -- mango api-key create -workspace wrkspc_default" in text
+    assert "--from-file=environment-key=" in text
+    assert not any(p in text for p in KEY_PREFIXES)
+
+
+# Values whose content is free-form (maps, lists): documented as one row.
+FREE_FORM = {
+    "resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels",
+    "annotations", "commonLabels", "imagePullSecrets", "topologySpreadConstraints",
+    "extraEnv", "extraEgress", "secretNames", "pod", "namespaceSelector", "podSelector",
+}
+
+
+def value_paths(node: Dict[str, Any], prefix: str = "") -> List[str]:
+    paths = []
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and key not in FREE_FORM:
+            paths += value_paths(value, path)
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_every_value_is_in_the_docs_table() -> None:
+    """docs/kubernetes.md's Values table lists each value of values.yaml, and no other."""
+    docs = (REPO_ROOT / "docs" / "kubernetes.md").read_text()
+    table = docs.split("\n## Values\n", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", table, re.M)
+    values = value_paths(helm_python.values_from_yaml((CHART / "values.yaml").read_text()))
+    assert sorted(documented) == sorted(values), {
+        "undocumented": sorted(set(values) - set(documented)),
+        "not in values.yaml": sorted(set(documented) - set(values)),
+    }
+
+
+def schema_paths(schema: Dict[str, Any], prefix: str = "") -> List[str]:
+    paths = []
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        if sub.get("properties"):
+            paths += schema_paths(sub, path)
+        elif path != "global":
+            paths.append(path)
+    return paths
+
+
+def test_the_values_schema_covers_every_value_and_refuses_typos() -> None:
+    with helm_python.Chart.load(CHART) as chart:
+        schema = chart.schema
+        assert schema is not None, "charts/mango/values.schema.json"
+        assert sorted(schema_paths(schema)) == sorted(
+            value_paths(helm_python.values_from_yaml((CHART / "values.yaml").read_text()))
+        ), "values.schema.json and values.yaml name the same values"
+        chart.validate_schema(DEFAULT)
+        chart.validate_schema(PRODUCTION)
+        for bad, where in [
+            ({"api": {"replica": 2}}, "'replica' not allowed"),
+            ({"pool": {"workspace": {"accessMode": "RWO"}}}, "/pool/workspace/accessMode"),
+            ({"pool": {"maxConcurrency": 0}}, "/pool/maxConcurrency"),
+            ({"controller": {"leaderElection": {"enabled": "yes"}}}, "/controller/leaderElection/enabled"),
+        ]:
+            with pytest.raises(helm_python.HelmError) as err:
+                render(bad)
+            assert where in str(err.value), str(err.value)

@@ -1,0 +1,517 @@
+//! The operator: one supervisor per `WorkerPool`, started and stopped with
+//! the resource, its status written with server-side apply. A reconcile
+//! reads as the decision it makes: is the pool usable, does its supervisor
+//! run with the key and spec it has now, and what does its status say.
+
+use crate::core::config::Config;
+use crate::core::metrics::{self, Metrics};
+use crate::core::secret::Secret;
+use crate::core::supervisor::{RunEnd, StartError, Stop, Supervisor};
+use crate::kubernetes::crd::WorkerPool;
+use crate::kubernetes::events::PoolEvents;
+use crate::kubernetes::launcher::{pool_selector, PodLauncher};
+use crate::kubernetes::pod;
+use crate::kubernetes::pods::PodStore;
+use crate::kubernetes::status::{self, Observed, Problem};
+use crate::kubernetes::sweep;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret as KubeSecret};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use mango_protocol::QueueStats;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The field manager of the status this controller writes.
+pub const FIELD_MANAGER: &str = "mango-controller";
+/// How often a pool's status is refreshed while nothing changes.
+pub const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// How often orphans are swept and supervisors of deleted pools stopped.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
+const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Failure classes of a reconcile (the metric label is the variant).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the Kubernetes API failed: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The controller's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub namespace: String,
+    /// The api as the controller reaches it, when a pool names none.
+    pub default_api_url: Option<String>,
+    pub default_sandbox_image: String,
+    /// This replica's name in Events.
+    pub instance: String,
+}
+
+/// What one pool's supervisor was started with, to tell whether it still fits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fit {
+    uid: String,
+    generation: i64,
+    key_digest: String,
+}
+
+/// A pool's supervisor while it runs.
+struct PoolRun {
+    fit: Fit,
+    stop: Option<oneshot::Sender<Stop>>,
+    task: JoinHandle<()>,
+    watch: JoinHandle<()>,
+    metrics: Arc<Metrics>,
+    state: Arc<Mutex<RunState>>,
+    stats: mango_client::Client,
+    environment_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RunState {
+    Starting,
+    Running,
+    Stopped(Problem),
+}
+
+/// One per process: the client, the settings, and each pool's supervisor.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    recorder: Recorder,
+    runs: Mutex<HashMap<String, PoolRun>>,
+    /// The problem each pool last reported, so an Event marks each change once.
+    problems: Mutex<HashMap<String, Option<Problem>>>,
+    pub reconciles: std::sync::atomic::AtomicU64,
+    pub reconcile_failures: std::sync::atomic::AtomicU64,
+}
+
+impl Context {
+    pub fn new(client: Client, settings: Settings) -> Arc<Context> {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(settings.instance.clone()),
+            },
+        );
+        Arc::new(Context {
+            client,
+            settings,
+            recorder,
+            runs: Mutex::default(),
+            problems: Mutex::default(),
+            reconciles: Default::default(),
+            reconcile_failures: Default::default(),
+        })
+    }
+
+    fn events(&self, pool: &WorkerPool) -> PoolEvents {
+        PoolEvents::new(self.recorder.clone(), pool.object_ref(&()))
+    }
+
+    /// Every pool's supervisor metrics in one exposition.
+    pub fn render_metrics(&self) -> String {
+        let runs = self.runs.lock().expect("runs lock");
+        let mut pools: Vec<(&String, &PoolRun)> = runs.iter().collect();
+        pools.sort_by(|a, b| a.0.cmp(b.0));
+        let labelled: Vec<(Option<&str>, &Metrics)> = pools
+            .iter()
+            .map(|(name, run)| (Some(name.as_str()), run.metrics.as_ref()))
+            .collect();
+        let mut out = metrics::render_pools(&labelled);
+        use std::sync::atomic::Ordering::Relaxed;
+        out.push_str(&format!(
+            "# HELP mango_controller_reconciles_total WorkerPool reconciles.\n# TYPE mango_controller_reconciles_total counter\nmango_controller_reconciles_total {}\n# HELP mango_controller_reconcile_failures_total WorkerPool reconciles that failed.\n# TYPE mango_controller_reconcile_failures_total counter\nmango_controller_reconcile_failures_total {}\n",
+            self.reconciles.load(Relaxed),
+            self.reconcile_failures.load(Relaxed)
+        ));
+        out
+    }
+
+    /// Stops pool `name`'s supervisor, if one runs.
+    fn stop(&self, name: &str, how: Stop) {
+        let run = self.runs.lock().expect("runs lock").remove(name);
+        if let Some(mut run) = run {
+            tracing::info!(pool = %name, ?how, "stopping the pool's supervisor");
+            if *run.state.lock().expect("state lock") != RunState::Running {
+                // Still checking its key (or done): nothing to drain or detach.
+                run.task.abort();
+            } else if let Some(stop) = run.stop.take() {
+                let _ = stop.send(how);
+            }
+            // The watch serves the supervisor only; the task ends on its own.
+            let watch = run.watch;
+            let task = run.task;
+            tokio::spawn(async move {
+                let _ = task.await;
+                watch.abort();
+            });
+        }
+    }
+
+    /// Stops every supervisor (leadership lost, or shutting down): their
+    /// Pods keep running for the next leader to adopt.
+    pub fn detach_all(&self) {
+        let names: Vec<String> = self
+            .runs
+            .lock()
+            .expect("runs lock")
+            .keys()
+            .cloned()
+            .collect();
+        for name in names {
+            self.stop(&name, Stop::Detach);
+        }
+    }
+
+    /// Stops the supervisors of pools that no longer exist.
+    fn stop_deleted(&self, pools: &Store<WorkerPool>) {
+        let live: HashMap<String, String> = pools
+            .state()
+            .iter()
+            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+            .collect();
+        let gone: Vec<String> = self
+            .runs
+            .lock()
+            .expect("runs lock")
+            .iter()
+            .filter(|(name, run)| live.get(*name) != Some(&run.fit.uid))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            tracing::info!(pool = %name, "the pool was deleted; its Pods go with it");
+            self.stop(&name, Stop::Detach);
+        }
+    }
+
+    /// The orphan sweep's view of the pools.
+    fn pool_bounds(&self, pools: &Store<WorkerPool>) -> sweep::Pools {
+        pools
+            .state()
+            .iter()
+            .map(|p| (p.name_any(), (p.uid().unwrap_or_default(), start_bound(p))))
+            .collect()
+    }
+}
+
+fn start_bound(pool: &WorkerPool) -> Duration {
+    pool.spec
+        .start_timeout_seconds
+        .map_or(DEFAULT_START_TIMEOUT, |s| Duration::from_secs(u64::from(s)))
+}
+
+/// The pool's Environment key, or why there is none to use.
+async fn read_key(ctx: &Context, pool: &WorkerPool) -> Result<Secret, Problem> {
+    let reference = &pool.spec.environment_key_secret;
+    let namespace = pool
+        .namespace()
+        .unwrap_or_else(|| ctx.settings.namespace.clone());
+    let secrets: Api<KubeSecret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secret = match secrets.get_opt(&reference.name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => {
+            return Err(Problem::SecretMissing(format!(
+                "Secret {} does not exist in namespace {namespace}",
+                reference.name
+            )))
+        }
+        Err(err) => {
+            return Err(Problem::SecretMissing(format!(
+                "Secret {} cannot be read: {err}",
+                reference.name
+            )))
+        }
+    };
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(reference.key()))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
+        .or_else(|| {
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get(reference.key()))
+                .map(|s| s.trim().to_string())
+        });
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return Err(Problem::SecretMissing(format!(
+            "Secret {} has no key {}",
+            reference.name,
+            reference.key()
+        )));
+    };
+    if value.starts_with("mango_wsk_") {
+        return Err(Problem::WorkspaceKey);
+    }
+    if !value.starts_with("mango_envk_") {
+        return Err(Problem::NotAnEnvironmentKey);
+    }
+    Ok(Secret::new(value))
+}
+
+fn api_url(ctx: &Context, pool: &WorkerPool) -> Result<String, Problem> {
+    pool.spec
+        .api_url
+        .clone()
+        .or_else(|| ctx.settings.default_api_url.clone())
+        .ok_or_else(|| {
+            Problem::InvalidSpec(
+                "spec.apiUrl is not set and the controller has no --default-api-url".into(),
+            )
+        })
+}
+
+/// Starts pool `pool`'s supervisor for `fit`, detaching one that no longer fits.
+fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api: String) {
+    let name = pool.name_any();
+    ctx.stop(&name, Stop::Detach);
+    let namespace = pool
+        .namespace()
+        .unwrap_or_else(|| ctx.settings.namespace.clone());
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let (store, watch) = PodStore::watching(pods, &pool_selector(&name));
+    let launcher = PodLauncher::new(
+        ctx.client.clone(),
+        pool.clone(),
+        &ctx.settings.default_sandbox_image,
+        store,
+    );
+    let sandbox_api = pool
+        .spec
+        .sandbox_api_url
+        .clone()
+        .unwrap_or_else(|| api.clone());
+    let mut config = Config::new(&pool.spec.environment_id, &sandbox_api);
+    config.pool = name.clone();
+    config.max_concurrency = pool.spec.max_concurrency as usize;
+    config.hand_off_bound = start_bound(pool);
+    config.worker_id = format!("{}/{}", ctx.settings.instance, name);
+    let stats = mango_client::Client::new(&api, key.expose());
+    let supervisor =
+        Supervisor::new(config, launcher, &api, &key).with_observer(Arc::new(ctx.events(pool)));
+    let metrics = supervisor.metrics();
+    let state = Arc::new(Mutex::new(RunState::Starting));
+    let (stop_tx, stop_rx) = oneshot::channel::<Stop>();
+    let task = tokio::spawn({
+        let state = state.clone();
+        let name = name.clone();
+        async move {
+            // While the api cannot be reached this waits (backing off); a
+            // stop meanwhile aborts it, as nothing was launched yet.
+            let checked = supervisor.check_key(&key).await;
+            drop(key);
+            if let Err(err) = checked {
+                let problem = match err {
+                    StartError::WorkspaceKey(_) => Problem::WorkspaceKey,
+                    StartError::NotAnEnvironmentKey => Problem::NotAnEnvironmentKey,
+                    StartError::Refused(e) => Problem::KeyRefused(e.to_string()),
+                    StartError::WrongEnvironment { error, .. } => {
+                        Problem::WrongEnvironment(error.to_string())
+                    }
+                };
+                tracing::error!(pool = %name, error = %problem.message(), "the pool's supervisor does not start");
+                *state.lock().expect("state lock") = RunState::Stopped(problem);
+                return;
+            }
+            *state.lock().expect("state lock") = RunState::Running;
+            let end = supervisor
+                .run_until(async { stop_rx.await.unwrap_or(Stop::Detach) })
+                .await;
+            if let RunEnd::KeyRefused(why) = end {
+                *state.lock().expect("state lock") = RunState::Stopped(Problem::KeyRefused(why));
+            }
+        }
+    });
+    ctx.runs.lock().expect("runs lock").insert(
+        name.clone(),
+        PoolRun {
+            fit,
+            stop: Some(stop_tx),
+            task,
+            watch,
+            metrics,
+            state,
+            stats,
+            environment_id: pool.spec.environment_id.clone(),
+        },
+    );
+    tracing::info!(pool = %name, "the pool's supervisor starts");
+}
+
+/// The reconcile: make the pool's supervisor match the pool, then report.
+pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.reconciles
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = pool.name_any();
+    let problem = match usable(&ctx, &pool).await {
+        Ok((key, api)) => {
+            let fit = Fit {
+                uid: pool.uid().unwrap_or_default(),
+                generation: pool.metadata.generation.unwrap_or(0),
+                key_digest: hex::encode(&Sha256::digest(key.expose().as_bytes())[..8]),
+            };
+            let fits = ctx
+                .runs
+                .lock()
+                .expect("runs lock")
+                .get(&name)
+                // A supervisor that stopped on its key stays stopped until the
+                // key or the spec changes: retrying the same key cannot help.
+                .is_some_and(|run| run.fit == fit);
+            if !fits {
+                start(&ctx, &pool, fit, key, api);
+            }
+            None
+        }
+        Err(problem) => {
+            ctx.stop(&name, Stop::Detach);
+            Some(problem)
+        }
+    };
+    let observed = observe(&ctx, &pool, problem).await;
+    note_problem(&ctx, &pool, &observed.problem);
+    let status = status::status(pool.status.as_ref(), &observed);
+    let pools: Api<WorkerPool> = Api::namespaced(
+        ctx.client.clone(),
+        &pool
+            .namespace()
+            .unwrap_or_else(|| ctx.settings.namespace.clone()),
+    );
+    let patch = serde_json::json!({
+        "apiVersion": WorkerPool::api_version(&()),
+        "kind": WorkerPool::kind(&()),
+        "status": status,
+    });
+    pools
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(Action::requeue(STATUS_EVERY))
+}
+
+/// The pool's key and api, or the problem that keeps it from running.
+async fn usable(ctx: &Context, pool: &WorkerPool) -> Result<(Secret, String), Problem> {
+    pod::validate(pool).map_err(|e| Problem::InvalidSpec(e.to_string()))?;
+    let api = api_url(ctx, pool)?;
+    let key = read_key(ctx, pool).await?;
+    Ok((key, api))
+}
+
+/// What the pool's supervisor shows now.
+async fn observe(ctx: &Context, pool: &WorkerPool, problem: Option<Problem>) -> Observed {
+    let name = pool.name_any();
+    let (state, snapshot, stats) = {
+        let runs = ctx.runs.lock().expect("runs lock");
+        match runs.get(&name) {
+            Some(run) => (
+                Some(run.state.lock().expect("state lock").clone()),
+                Some(run.metrics.snapshot()),
+                Some((run.stats.clone(), run.environment_id.clone())),
+            ),
+            None => (None, None, None),
+        }
+    };
+    let problem = problem.or(match &state {
+        Some(RunState::Stopped(p)) => Some(p.clone()),
+        _ => None,
+    });
+    let queue: Option<QueueStats> = match (&state, stats) {
+        (Some(RunState::Running), Some((client, env))) => client.stats(&env).await.ok(),
+        _ => None,
+    };
+    Observed {
+        generation: pool.metadata.generation,
+        running: state == Some(RunState::Running),
+        problem,
+        snapshot,
+        queue,
+        now: SystemTime::now(),
+    }
+}
+
+/// An Event for each change of the pool's problem.
+fn note_problem(ctx: &Context, pool: &WorkerPool, problem: &Option<Problem>) {
+    let name = pool.name_any();
+    let changed = {
+        let mut problems = ctx.problems.lock().expect("problems lock");
+        let before = problems.insert(name, problem.clone());
+        before.as_ref() != Some(problem)
+    };
+    if !changed {
+        return;
+    }
+    let events = ctx.events(pool);
+    match problem {
+        Some(p) => events.publish(EventType::Warning, p.reason(), "Reconcile", p.message()),
+        None => events.publish(
+            EventType::Normal,
+            "Polling",
+            "Reconcile",
+            "the pool's supervisor runs with its Environment key".into(),
+        ),
+    }
+}
+
+pub fn error_policy(_pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.reconcile_failures
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::warn!(%error, "reconciling a WorkerPool failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the operator until `stop` is cancelled: the pools' reconciles,
+/// the stop of deleted pools' supervisors, and the orphan sweep. On the
+/// way out every supervisor detaches (its Pods stay for the next leader).
+pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+    let namespace = ctx.settings.namespace.clone();
+    let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &namespace);
+    let controller = Controller::new(pools, watcher::Config::default().any_semantic());
+    let store = controller.store();
+    let reconciling = controller
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "reconcile loop");
+            }
+        });
+    let janitor = {
+        let ctx = ctx.clone();
+        let stop = stop.clone();
+        async move {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.settings.namespace);
+            let mut tick = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => return,
+                }
+                if store.wait_until_ready().await.is_err() {
+                    return;
+                }
+                ctx.stop_deleted(&store);
+                if let Err(err) = sweep::sweep(&pods, &ctx.pool_bounds(&store)).await {
+                    tracing::warn!(error = %err, "the orphan sweep failed; retrying");
+                }
+            }
+        }
+    };
+    tokio::join!(reconciling, janitor);
+    ctx.detach_all();
+}

@@ -1,0 +1,166 @@
+use super::*;
+
+fn at(seconds: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + seconds)
+}
+
+fn observed(now: u64) -> Observed {
+    Observed {
+        generation: Some(3),
+        problem: None,
+        running: true,
+        snapshot: Some(Snapshot {
+            live: 2,
+            last_poll_ok: Some(at(now - 1)),
+            last_error: None,
+            poll_errors: 0,
+            removal_errors: 0,
+        }),
+        queue: Some(QueueStats {
+            kind: "work_queue_stats".into(),
+            depth: 5,
+            pending: 1,
+            oldest_queued_at: None,
+            workers_polling: Some(1),
+        }),
+        now: at(now),
+    }
+}
+
+fn get<'a>(status: &'a WorkerPoolStatus, kind: &str) -> &'a Condition {
+    status.conditions.iter().find(|c| c.type_ == kind).unwrap()
+}
+
+fn summary(status: &WorkerPoolStatus) -> Vec<(String, String, String)> {
+    status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+        .collect()
+}
+
+fn triple(kind: &str, status: &str, reason: &str) -> (String, String, String) {
+    (kind.into(), status.into(), reason.into())
+}
+
+#[test]
+fn a_polling_pool_is_ready_and_polling_and_not_degraded() {
+    let s = status(None, &observed(100));
+    assert_eq!(
+        summary(&s),
+        [
+            triple("Ready", "True", "Running"),
+            triple("Polling", "True", "PollSucceeded"),
+            triple("Degraded", "False", "AsExpected")
+        ]
+    );
+    assert_eq!(s.live_items, 2);
+    assert_eq!(s.queue.as_ref().map(|q| (q.depth, q.pending)), Some((5, 1)));
+    assert_eq!(s.observed_generation, Some(3));
+    assert_eq!(get(&s, "Ready").observed_generation, Some(3));
+    assert!(s
+        .last_successful_poll
+        .as_deref()
+        .unwrap()
+        .starts_with("2027-01-15T08:01:39"));
+}
+
+#[test]
+fn each_problem_stops_readiness_and_polling_with_its_reason() {
+    for (problem, reason) in [
+        (
+            Problem::InvalidSpec("spec.pod.runAsUser: must not be root (0)".into()),
+            "InvalidSpec",
+        ),
+        (
+            Problem::SecretMissing("secret pool-key not found".into()),
+            "SecretMissing",
+        ),
+        (Problem::WorkspaceKey, "WorkspaceKey"),
+        (Problem::NotAnEnvironmentKey, "NotAnEnvironmentKey"),
+        (Problem::KeyRefused("401".into()), "KeyRefused"),
+        (Problem::WrongEnvironment("403".into()), "WrongEnvironment"),
+    ] {
+        let mut o = observed(100);
+        o.problem = Some(problem.clone());
+        let s = status(None, &o);
+        assert_eq!(
+            summary(&s),
+            [
+                triple("Ready", "False", reason),
+                triple("Polling", "False", "NotPolling"),
+                triple("Degraded", "True", reason)
+            ]
+        );
+        assert_eq!(get(&s, "Ready").message, problem.message());
+        assert!(
+            !problem.message().contains("mango_wsk_a"),
+            "no key in a message"
+        );
+    }
+}
+
+#[test]
+fn a_stale_poll_and_a_recent_error_show() {
+    let mut o = observed(100);
+    let snapshot = o.snapshot.as_mut().unwrap();
+    snapshot.last_poll_ok = Some(at(100 - 31));
+    snapshot.last_error = Some((at(95), "poll failed: connection refused".into()));
+    let s = status(None, &o);
+    assert_eq!(
+        summary(&s),
+        [
+            triple("Ready", "True", "Running"),
+            triple("Polling", "False", "PollFailing"),
+            triple("Degraded", "True", "RecentErrors")
+        ]
+    );
+    assert_eq!(
+        get(&s, "Polling").message,
+        "poll failed: connection refused"
+    );
+    // An error older than a minute no longer degrades the pool.
+    o.snapshot.as_mut().unwrap().last_error = Some((at(100 - 61), "old".into()));
+    o.snapshot.as_mut().unwrap().last_poll_ok = Some(at(99));
+    assert_eq!(get(&status(None, &o), "Degraded").status, "False");
+}
+
+#[test]
+fn a_starting_pool_is_neither_ready_nor_polling() {
+    let mut o = observed(100);
+    o.running = false;
+    o.snapshot = None;
+    let s = status(None, &o);
+    assert_eq!(
+        summary(&s),
+        [
+            triple("Ready", "False", "Starting"),
+            triple("Polling", "False", "Starting"),
+            triple("Degraded", "False", "AsExpected")
+        ]
+    );
+    assert_eq!(s.live_items, 0);
+}
+
+#[test]
+fn transition_times_move_only_when_a_status_changes() {
+    let first = status(None, &observed(100));
+    let later = status(Some(&first), &observed(200));
+    assert_eq!(
+        get(&later, "Ready").last_transition_time,
+        get(&first, "Ready").last_transition_time
+    );
+    let mut broken = observed(300);
+    broken.problem = Some(Problem::WorkspaceKey);
+    let after = status(Some(&later), &broken);
+    assert_ne!(
+        get(&after, "Ready").last_transition_time,
+        get(&later, "Ready").last_transition_time
+    );
+    // The last successful poll is kept while none happens.
+    broken.snapshot = None;
+    assert_eq!(
+        status(Some(&later), &broken).last_successful_poll,
+        later.last_successful_poll
+    );
+}
