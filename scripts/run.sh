@@ -43,6 +43,9 @@ if [ "$MANGO_LAUNCHER" = docker ]; then
   export MANGO_LISTEN_ADDR="$LISTEN,$GATEWAY:$PORT"
 else
   export MANGO_LISTEN_ADDR="$LISTEN"
+  # Local runners share the host's filesystem: Sessions mount their Memory
+  # Stores under .mango/ rather than /mnt/memory (docs/memory.md).
+  export MANGO_MEMORY_MOUNT_ROOT="${MANGO_MEMORY_MOUNT_ROOT:-$ROOT/.mango/memory}"
 fi
 
 if [ -z "${MANGO_DATABASE_URL:-}" ]; then

@@ -140,7 +140,8 @@ async fn step_until_waiting(
                         stored.last().map(|e| e.id.clone()).unwrap_or_default()
                     }
                 };
-                let body = turn::request(&session.agent.0, &events, model.max_tokens);
+                let mut body = turn::request(&session.agent.0, &events, model.max_tokens);
+                turn::with_memory(&mut body, &session.resources.0);
                 match model.messages(&body).await {
                     Ok(reply) => {
                         let tools = AgentTools::from_snapshot(&session.agent.0);

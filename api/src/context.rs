@@ -29,6 +29,8 @@ pub struct Settings {
     pub max_reclaims: u32,
     /// Where Skill archives are stored (`MANGO_OBJECT_STORE`).
     pub skill_archives: crate::skills::objects::Archives,
+    /// Where Sessions mount their Memory Stores (`MANGO_MEMORY_MOUNT_ROOT`).
+    pub memory_mount_root: String,
 }
 
 /// A value that never appears in Debug output or logs.
@@ -53,6 +55,7 @@ impl Default for Settings {
             model_retry_backoff: std::time::Duration::from_secs(1),
             max_reclaims: 10,
             skill_archives: Default::default(),
+            memory_mount_root: crate::memory_rules::DEFAULT_MOUNT_ROOT.to_string(),
         }
     }
 }

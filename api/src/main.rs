@@ -58,6 +58,10 @@ enum Command {
         /// AWS_* variables (AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
         #[arg(long, env = "MANGO_OBJECT_STORE", default_value = ".mango/objects")]
         object_store: String,
+        /// Where Sessions mount their Memory Stores: a store's `mount_path`
+        /// is `<this>/<slug of its name>` (an absolute path).
+        #[arg(long, env = "MANGO_MEMORY_MOUNT_ROOT", default_value = mango_api::memory_rules::DEFAULT_MOUNT_ROOT, value_parser = mount_root)]
+        memory_mount_root: String,
     },
     /// Apply pending migrations and exit.
     Migrate {
@@ -185,6 +189,22 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: finishing in-flight requests");
 }
 
+/// `MANGO_MEMORY_MOUNT_ROOT`: an absolute path without `.`, `..` or empty segments.
+fn mount_root(raw: &str) -> Result<String, String> {
+    let trimmed = raw.trim_end_matches('/');
+    let clean = trimmed.starts_with('/')
+        && trimmed[1..]
+            .split('/')
+            .all(|s| !s.is_empty() && s != "." && s != "..");
+    if clean {
+        Ok(trimmed.to_string())
+    } else {
+        Err(format!(
+            "{raw:?} is not a clean absolute directory (like /mnt/memory)"
+        ))
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse_from(normalize_args(std::env::args()));
@@ -208,6 +228,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             model_base_url,
             model_api_key,
             object_store,
+            memory_mount_root,
         } => {
             init_logging("info");
             let skill_archives = mango_api::skills::objects::Archives::open(&object_store)?;
@@ -234,6 +255,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 model_base_url,
                 model_api_key: model_api_key.map(mango_api::context::Secret),
                 skill_archives,
+                memory_mount_root,
                 ..Settings::default()
             };
             server::serve_all(

@@ -39,6 +39,7 @@ and every response carries a `request-id` header. See docs/protocol.md."
         (name = "Environments", description = "self_hosted Environments (Workspace key)"),
         (name = "Work", description = "The Work lease API: operators, supervisors and holders"),
         (name = "Agents", description = "Agents and their immutable versions (Workspace key)"),
+        (name = "Memory Stores", description = "Memory Stores, their memories and memory versions (Workspace key; a Session's sessions token reads the stores its Session attaches and writes its `read_write` ones)"),
         (name = "Sessions", description = "Sessions (Workspace key; a Session's sessions token reads it)"),
         (name = "Events", description = "A Session's event log, what clients send, and the live stream"),
         (name = "Skills", description = "Custom Skills and their immutable versions (Workspace key; a sessions token reads and downloads its Session's pinned versions)"),
@@ -81,12 +82,15 @@ pub const STRICT_BODIES: &[&str] = &[
     "AgentVersionRef",
     "CreateAgent",
     "CreateEnvironment",
+    "CreateMemory",
+    "CreateMemoryStore",
     "CreateSession",
     "CreateWork",
     "FailReason",
     "FailWork",
     "HeartbeatParams",
     "McpToolConfigParam",
+    "MemoryPrecondition",
     "ModelConfigParam",
     "SendEvents",
     "SkillParam",
@@ -95,6 +99,8 @@ pub const STRICT_BODIES: &[&str] = &[
     "ToolsetConfigParam",
     "UpdateAgent",
     "UpdateEnvironment",
+    "UpdateMemory",
+    "UpdateMemoryStore",
     "UpdateWork",
     "WorkResult",
 ];
@@ -216,6 +222,10 @@ error_answers! {
     /// An operation that reads a request body.
     TooLarge {
         "413" => "The request body is larger than 1 MiB (`request_too_large`)",
+    }
+    /// A memory write whose precondition or path lost.
+    MemoryConflicts {
+        "409" => "`memory_precondition_failed_error`: the memory's `content_sha256` is not the expected one (`details.current_content_sha256`); `memory_path_conflict_error`: another memory has the path (`details.memory_id`); or `conflict_error`. Sent with `x-should-retry: false`; nothing was written",
     }
     /// A Skill upload.
     UploadTooLarge {

@@ -6,6 +6,7 @@
 //! transient and retried with jittered exponential back-off; any other 4xx is
 //! final, and so is an answer carrying `x-should-retry: false`.
 
+mod memory;
 mod sse;
 
 pub use sse::{EventStream, StreamFrame};

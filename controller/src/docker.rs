@@ -1,7 +1,8 @@
 //! The Docker launcher (`mango-worker docker`, seed parity): one hardened
 //! container per item, through the Docker Engine API (bollard):
 //! * a non-root user, every capability dropped, `no-new-privileges`, a
-//!   read-only root with a tmpfs `/tmp`, pids, memory and CPU limits, and
+//!   read-only root with a tmpfs `/tmp` (and, for Session Work, one at
+//!   `/mnt/memory` for its Memory Stores), pids, memory and CPU limits, and
 //!   `docker-init` as PID 1 to reap what tools leave behind;
 //! * the identity of spec §7 in the environment, the labels of
 //!   [`crate::core::naming`], and no credential anywhere in its config;
@@ -35,6 +36,7 @@ const ENGINE: &str = "Docker engine";
 /// The runner's user (the image's `nobody`): never root.
 pub const SANDBOX_USER: &str = "65534:65534";
 const WORKSPACE: &str = "/workspace";
+const MEMORY_ROOT: &str = mango_protocol::memory::DEFAULT_MOUNT_ROOT;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DockerArgs {
@@ -244,12 +246,14 @@ impl DockerLauncher {
             "/tmp".to_string(),
             format!("rw,nosuid,nodev,size={tmpfs_mib}m,mode=1777"),
         )]);
+        let private = format!("rw,nosuid,nodev,size={tmpfs_mib}m,uid=65534,gid=65534,mode=0700");
         if workspace.is_none() {
             // A healthcheck's ephemeral workspace, writable by the runner only.
-            tmpfs.insert(
-                WORKSPACE.to_string(),
-                format!("rw,nosuid,nodev,size={tmpfs_mib}m,uid=65534,gid=65534,mode=0700"),
-            );
+            tmpfs.insert(WORKSPACE.to_string(), private);
+        } else {
+            // Where the runner mounts the Session's Memory Stores: empty at
+            // every activation (they are downloaded afresh), the runner's only.
+            tmpfs.insert(MEMORY_ROOT.to_string(), private);
         }
         let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("MANGO_WORKSPACE={WORKSPACE}"));

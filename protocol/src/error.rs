@@ -50,6 +50,10 @@ pub enum ErrorType {
     RequestTooLarge,
     OverloadedError,
     ApiError,
+    /// 409: a memory's `content_sha256` precondition did not hold.
+    MemoryPreconditionFailedError,
+    /// 409: another memory of the store has that path.
+    MemoryPathConflictError,
 }
 
 impl ErrorType {
@@ -63,6 +67,8 @@ impl ErrorType {
             ErrorType::RequestTooLarge => "request_too_large",
             ErrorType::OverloadedError => "overloaded_error",
             ErrorType::ApiError => "api_error",
+            ErrorType::MemoryPreconditionFailedError => "memory_precondition_failed_error",
+            ErrorType::MemoryPathConflictError => "memory_path_conflict_error",
         }
     }
 
@@ -77,6 +83,8 @@ impl ErrorType {
             ErrorType::RequestTooLarge => ErrorCode::RequestTooLarge,
             ErrorType::OverloadedError => ErrorCode::Overloaded,
             ErrorType::ApiError => ErrorCode::InternalError,
+            ErrorType::MemoryPreconditionFailedError => ErrorCode::MemoryPreconditionFailed,
+            ErrorType::MemoryPathConflictError => ErrorCode::MemoryPathConflict,
         }
     }
 }
@@ -136,6 +144,19 @@ error_codes! {
     AgentArchived => "agent_archived",
     AgentVersionConflict => "agent_version_conflict",
     InvalidTools => "invalid_tools",
+    // Memory Stores and their memories.
+    MemoryStoreNotFound => "memory_store_not_found",
+    MemoryStoreArchived => "memory_store_archived",
+    MemoryNotFound => "memory_not_found",
+    MemoryVersionNotFound => "memory_version_not_found",
+    /// A memory path breaks a path rule (`..`, `//`, too long, not NFC …).
+    InvalidMemoryPath => "invalid_memory_path",
+    /// Content over 102,400 UTF-8 bytes.
+    MemoryContentTooLarge => "memory_content_too_large",
+    MemoryPreconditionFailed => "memory_precondition_failed",
+    MemoryPathConflict => "memory_path_conflict",
+    /// Redacting the version that holds a live memory's content.
+    MemoryVersionCurrent => "memory_version_current",
     // Sessions and their events.
     SessionNotFound => "session_not_found",
     SessionArchived => "session_archived",
@@ -199,6 +220,8 @@ mod tests {
             ErrorType::RequestTooLarge,
             ErrorType::OverloadedError,
             ErrorType::ApiError,
+            ErrorType::MemoryPreconditionFailedError,
+            ErrorType::MemoryPathConflictError,
         ] {
             assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
             assert!(ErrorCode::ALL.contains(&t.default_code()));

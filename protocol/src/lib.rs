@@ -8,6 +8,7 @@ pub mod content;
 pub mod environment;
 pub mod error;
 pub mod events;
+pub mod memory;
 pub mod page;
 pub mod patch;
 #[cfg(feature = "openapi")]

@@ -5,6 +5,7 @@
 
 use crate::exit::Exit;
 use crate::heartbeat::HeartbeatKeeper;
+use crate::memory::{self, Mounted};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
 use crate::{healthcheck, secret, session, skills};
@@ -43,6 +44,15 @@ pub struct Identity {
         hide = true
     )]
     pub idle_after_end_turn_seconds: u64,
+    /// The least time between Memory Store syncs after tool calls (spec §9:
+    /// 15 s). Hidden: only tests shorten it.
+    #[arg(
+        long,
+        env = "MANGO_MEMORY_SYNC_INTERVAL_SECONDS",
+        default_value_t = memory::SYNC_INTERVAL.as_secs(),
+        hide = true
+    )]
+    pub memory_sync_interval_seconds: u64,
 }
 
 /// Runs the item `identity` names and exits: the whole process of
@@ -73,15 +83,28 @@ pub fn run(identity: Identity) -> ExitCode {
     }
 }
 
-/// Before any tool runs: the snapshot's pinned inputs checked, and its
-/// Skills materialized under `skills/` of the workspace.
+/// Before any tool runs: the snapshot's pinned inputs checked, its Skills
+/// materialized under `skills/` of the workspace, and its Memory Stores
+/// downloaded to their mount paths.
 async fn prepare_inputs(
     client: &Client,
     session_id: &str,
     workspace: &std::path::Path,
-) -> Result<Option<skills::SkillsTree>, PrepareError> {
+    sync_interval: Duration,
+) -> Result<(Option<skills::SkillsTree>, Mounted), PrepareError> {
     let session = prepare::check_pinned_inputs(client, session_id).await?;
-    skills::materialize(client, &session, workspace, skills::Limits::default()).await
+    let skills =
+        skills::materialize(client, &session, workspace, skills::Limits::default()).await?;
+    // The Memory Stores from the same snapshot: one fetch, one view of the resources.
+    match Mounted::download(client, &session, workspace, sync_interval).await {
+        Ok(mounted) => Ok((skills, mounted)),
+        Err(err) => {
+            if let Some(tree) = skills {
+                tree.remove().await;
+            }
+            Err(err)
+        }
+    }
 }
 
 async fn run_item(id: Identity) -> anyhow::Result<Exit> {
@@ -121,9 +144,11 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     let kept = keeper.keep(first, done.clone(), lost.clone());
     if let Some(session_id) = session_id {
         let mut toolset = Toolset::new(ToolContext::new(&id.workspace));
+        let mut memory = Mounted::none();
+        let sync_interval = Duration::from_secs(id.memory_sync_interval_seconds);
         let work = async {
             let prepared = tokio::select! {
-                prepared = prepare_inputs(&client, &session_id, &id.workspace) => Some(prepared),
+                prepared = prepare_inputs(&client, &session_id, &id.workspace, sync_interval) => Some(prepared),
                 _ = lost.cancelled() => None,
             };
             let end = match prepared {
@@ -133,13 +158,21 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                     session::SessionEnd::PreparationUnavailable(why)
                 }
                 Some(Err(PrepareError::Rejected(why))) => session::SessionEnd::Rejected(why),
-                Some(Ok(skills)) => {
+                Some(Ok((skills, mounted))) => {
+                    memory = mounted;
+                    // The file tools reach the stores' roots; read-only ones refuse writes.
+                    toolset = Toolset::new(ToolContext {
+                        allowed_roots: memory.roots(),
+                        read_only_roots: memory.read_only_roots(),
+                        ..ToolContext::new(&id.workspace)
+                    });
                     let end = session::run(
                         &client,
                         &session_id,
                         &mut toolset,
                         Duration::from_secs(id.idle_after_end_turn_seconds),
                         &lost,
+                        &mut memory,
                     )
                     .await;
                     if let Some(tree) = skills {
@@ -148,7 +181,9 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                     end
                 }
             };
+            // The shell first, so nothing writes while the last syncs read.
             toolset.shutdown().await;
+            memory.end(end.is_clean()).await;
             done.cancel();
             end
         };

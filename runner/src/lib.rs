@@ -3,13 +3,15 @@
 //! [`session`] follows the Session and [`calls`] decides which tool calls
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
-//! the pinned Skills, [`secret`] the hand-off.
+//! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
+//! Stores, [`secret`] the hand-off.
 
 pub mod calls;
 pub mod exit;
 pub mod healthcheck;
 pub mod heartbeat;
 pub mod item;
+pub mod memory;
 pub mod prepare;
 pub mod secret;
 pub mod session;

@@ -127,10 +127,8 @@ pub async fn check_pinned_inputs(
             Pinned::MemoryStore { memory_store_id } => client.memory_store(memory_store_id).await,
         };
         match found {
-            // Staging archives and syncing stores comes with those APIs.
-            Ok(_) => {
-                tracing::warn!(input = %pin, "pinned input exists but this runner does not stage it yet")
-            }
+            // Memory Stores are then downloaded by `crate::memory`.
+            Ok(_) => {}
             Err(err) => return Err(classify(&pin, &err)),
         }
     }

@@ -39,12 +39,21 @@ pub enum SessionEnd {
     PreparationUnavailable(String),
 }
 
+impl SessionEnd {
+    /// An end after which the Session's files are final: the Memory Stores
+    /// get their last full sync.
+    pub fn is_clean(&self) -> bool {
+        matches!(self, SessionEnd::Terminated | SessionEnd::IdleAfterTurn)
+    }
+}
+
 pub async fn run(
     client: &Client,
     session_id: &str,
     toolset: &mut Toolset,
     idle_limit: Duration,
     lost: &CancellationToken,
+    memory: &mut crate::memory::Mounted,
 ) -> SessionEnd {
     let mut calls = Calls::default();
     let mut backoff = FIRST_BACKOFF;
@@ -119,6 +128,11 @@ pub async fn run(
                     Err(err) => {
                         tracing::warn!(session_id, call_id = %call.id, error = %err, "the tool result was refused")
                     }
+                }
+                // Memory reconciles after tool calls, at most every 15 s.
+                tokio::select! {
+                    _ = memory.sync_if_due() => {}
+                    _ = lost.cancelled() => return SessionEnd::LeaseEnded,
                 }
             }
             idle_since = match (calls.is_idle_after_end_turn(), idle_since) {

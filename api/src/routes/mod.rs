@@ -4,6 +4,8 @@
 pub mod agents;
 pub mod environments;
 pub mod events;
+pub mod memories;
+pub mod memory_stores;
 pub mod sessions;
 pub mod skills;
 pub mod work;
@@ -34,6 +36,8 @@ fn operations() -> OpenApiRouter<ApiContext> {
         .merge(work::router())
         .merge(sessions::router())
         .merge(events::router())
+        .merge(memory_stores::router())
+        .merge(memories::router())
         .merge(skills::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))

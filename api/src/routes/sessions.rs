@@ -73,6 +73,13 @@ async fn create(
         check_len("title", t, MAX_TITLE_CHARS)?;
     }
     let resources = session_service::stored_resources(body.resources.unwrap_or_default())?;
+    let resources = crate::service::memory::attach(
+        &mut conn,
+        &key.workspace_id,
+        &ctx.settings.memory_mount_root,
+        resources,
+    )
+    .await?;
     if body.vault_ids.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(ApiError::invalid_parameter(
             "vault_ids are not supported by Mango",

@@ -7,6 +7,7 @@ pub mod agent_steps;
 pub mod agents;
 pub mod environments;
 pub mod fail;
+pub mod memory;
 pub mod poll;
 pub mod sessions;
 pub mod skills;

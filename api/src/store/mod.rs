@@ -12,6 +12,7 @@ pub mod environments;
 pub mod events;
 pub mod keys;
 pub mod listeners;
+pub mod memory;
 pub mod outbox;
 pub mod sessions;
 pub mod skills;

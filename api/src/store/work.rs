@@ -445,3 +445,20 @@ pub async fn claimed_by(
         .fetch_all(db)
         .await
 }
+
+/// Holds claim `claim_epoch` of Work `id` for the rest of the transaction
+/// (`FOR SHARE`): a Stop, a heartbeat or a reclaim of the item waits for
+/// the transaction, so a write fenced on it commits only while the claim
+/// it checked is the item's current one. `None`: another claim took it.
+pub async fn hold_claim(
+    db: &mut sqlx::PgConnection,
+    id: &str,
+    claim_epoch: i64,
+) -> sqlx::Result<Option<WorkRow>> {
+    let sql = format!("SELECT {COLUMNS} FROM work WHERE id = $1 AND claim_epoch = $2 FOR SHARE");
+    sqlx::query_as(&sql)
+        .bind(id)
+        .bind(claim_epoch)
+        .fetch_optional(db)
+        .await
+}

@@ -5,10 +5,12 @@
 //! and what the loop should do next. The agent loop wraps this with the
 //! model call and the store.
 
+mod memory;
 mod next;
 mod tools;
 mod transcript;
 
+pub use memory::{memory_section, with_memory};
 pub use next::{next, pending_calls, runnable_worker_calls, Next};
 pub use tools::{AgentTools, CallClass};
 pub use transcript::{model_usage, reply_events, request, transcript};

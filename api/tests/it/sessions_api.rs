@@ -552,11 +552,11 @@ async fn metadata_limits_hold_at_their_edges(db: sqlx::PgPool) {
 async fn resources_are_checked_and_tokens_never_echoed(db: sqlx::PgPool) {
     let app = TestApp::start(db).await;
     let agent = app.create_agent("a").await;
+    let (rw, ro) = (app.create_store("rw").await, app.create_store("ro").await);
     let r = app
         .post_session(json!({"agent": agent, "environment_id": app.env_id, "resources": [
-            {"type": "memory_store", "memory_store_id": "memstore_rw", "access": "read_write",
-             "mount_path": "/mnt/memory/rw", "name": "notes"},
-            {"type": "memory_store", "memory_store_id": "memstore_ro", "access": "read_only"},
+            {"type": "memory_store", "memory_store_id": rw, "access": "read_write"},
+            {"type": "memory_store", "memory_store_id": ro, "access": "read_only"},
             {"type": "github_repository", "url": "https://github.com/o/r", "mount_path": "/work/r",
              "authorization_token": "ghp_SECRET_VALUE", "checkout": {"type": "branch", "name": "main"}},
         ]}))
@@ -564,7 +564,7 @@ async fn resources_are_checked_and_tokens_never_echoed(db: sqlx::PgPool) {
     r.expect(200);
     let res = r.body["resources"].as_array().unwrap();
     assert_eq!(res.len(), 3);
-    assert_eq!(res[0]["memory_store_id"], "memstore_rw");
+    assert_eq!(res[0]["memory_store_id"], rw);
     assert_eq!(res[0]["access"], "read_write");
     assert_eq!(res[0]["mount_path"], "/mnt/memory/rw");
     assert_eq!(res[1]["access"], "read_only");

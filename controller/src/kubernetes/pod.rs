@@ -20,6 +20,8 @@ use std::collections::BTreeMap;
 /// The runner's container.
 pub const CONTAINER: &str = "runner";
 pub const WORKSPACE: &str = "/workspace";
+/// Where Session Work mounts its Memory Stores (an emptyDir).
+pub const MEMORY_ROOT: &str = mango_protocol::memory::DEFAULT_MOUNT_ROOT;
 /// The runner's user and group when the pool names none (the image's `nobody`).
 pub const SANDBOX_UID: i64 = 65534;
 /// Set once the secret was delivered: a running Pod without it never got
@@ -280,10 +282,41 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
         name: "tmp".into(),
         empty_dir: Some(EmptyDirVolumeSource {
             medium: None,
-            size_limit: Some(tmp_size),
+            size_limit: Some(tmp_size.clone()),
         }),
         ..Default::default()
     };
+    // Session Work mounts its Memory Stores here: empty at every activation
+    // (they are downloaded afresh), gone with the Pod.
+    let memory = sandbox.item.session_id.as_ref().map(|_| Volume {
+        name: "memory".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: None,
+            size_limit: Some(tmp_size),
+        }),
+        ..Default::default()
+    });
+    let mut mounts = vec![
+        VolumeMount {
+            name: "workspace".into(),
+            mount_path: WORKSPACE.into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+    ];
+    let mut volumes = vec![workspace, tmp];
+    if let Some(memory) = memory {
+        mounts.push(VolumeMount {
+            name: memory.name.clone(),
+            mount_path: MEMORY_ROOT.into(),
+            ..Default::default()
+        });
+        volumes.push(memory);
+    }
 
     Pod {
         metadata: ObjectMeta {
@@ -342,21 +375,10 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
                 resources: Some(resources(pool)),
                 security_context: Some(container_security(uid, gid)),
                 termination_message_policy: Some("FallbackToLogsOnError".into()),
-                volume_mounts: Some(vec![
-                    VolumeMount {
-                        name: "workspace".into(),
-                        mount_path: WORKSPACE.into(),
-                        ..Default::default()
-                    },
-                    VolumeMount {
-                        name: "tmp".into(),
-                        mount_path: "/tmp".into(),
-                        ..Default::default()
-                    },
-                ]),
+                volume_mounts: Some(mounts),
                 ..Default::default()
             }],
-            volumes: Some(vec![workspace, tmp]),
+            volumes: Some(volumes),
             ..Default::default()
         }),
         status: None,

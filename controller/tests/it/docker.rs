@@ -149,6 +149,10 @@ async fn a_session_runs_hardened_and_its_next_activation_sees_its_files(db: sqlx
     );
     assert_eq!(host.readonly_rootfs, Some(true));
     assert!(host.tmpfs.as_ref().unwrap().contains_key("/tmp"));
+    assert!(
+        host.tmpfs.as_ref().unwrap()["/mnt/memory"].contains("mode=0700"),
+        "Session Work has a private, writable Memory Store root"
+    );
     assert_eq!(host.pids_limit, Some(128));
     assert_eq!(host.memory, Some(256 * 1024 * 1024));
     assert_eq!(host.nano_cpus, Some(1_000_000_000));

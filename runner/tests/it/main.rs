@@ -6,6 +6,7 @@
 mod behaviour;
 mod e2e;
 mod item;
+mod memory;
 mod session;
 mod skills;
 mod tools;

@@ -158,12 +158,17 @@ fn a_session_pod_is_hardened_named_per_claim_and_owned_by_its_pool() {
     let labels = pod.metadata.labels.unwrap();
     assert_eq!(labels[naming::LABEL_SESSION_ID], "sesn_X1");
     assert_eq!(labels[naming::LABEL_CLAIM], "2");
-    let workspace = spec
-        .volumes
+    let memory = c
+        .volume_mounts
+        .as_ref()
         .unwrap()
-        .into_iter()
-        .find(|v| v.name == "workspace")
-        .unwrap();
+        .iter()
+        .find(|m| m.mount_path == MEMORY_ROOT)
+        .expect("Session Work has a writable Memory Store root");
+    let volumes = spec.volumes.unwrap();
+    let memory = volumes.iter().find(|v| v.name == memory.name).unwrap();
+    assert!(memory.empty_dir.is_some() && memory.persistent_volume_claim.is_none());
+    let workspace = volumes.into_iter().find(|v| v.name == "workspace").unwrap();
     assert_eq!(
         workspace.persistent_volume_claim.unwrap().claim_name,
         "mango-session-sesn-x1"
@@ -179,7 +184,14 @@ fn a_session_pod_is_hardened_named_per_claim_and_owned_by_its_pool() {
 fn a_healthcheck_pod_has_a_memory_workspace_and_no_claim_on_storage() {
     let pod = sandbox_pod(&pool(), &sandbox(None), "img");
     assert_hardened(&pod);
-    let volumes = pod.spec.unwrap().volumes.unwrap();
+    let spec = pod.spec.unwrap();
+    assert!(!spec.containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .any(|m| m.mount_path == MEMORY_ROOT));
+    let volumes = spec.volumes.unwrap();
     let workspace = volumes.iter().find(|v| v.name == "workspace").unwrap();
     assert!(workspace.persistent_volume_claim.is_none());
     assert_eq!(
