@@ -191,6 +191,14 @@ async fn cluster(api: &TestApp) -> Cluster {
 }
 
 async fn cluster_on(api: &TestApp, node: Node) -> Cluster {
+    cluster_with(api, node, |_| {}).await
+}
+
+async fn cluster_with(
+    api: &TestApp,
+    node: Node,
+    configure: impl FnOnce(&mut mango_controller::core::config::Config),
+) -> Cluster {
     let fake = Arc::new(FakeKubeApi::start().await);
     let (store, feed) = PodStore::new();
     let launcher = PodLauncher::new(
@@ -201,6 +209,7 @@ async fn cluster_on(api: &TestApp, node: Node) -> Cluster {
     );
     let mut config = config(api, 2);
     config.pool = "builders".into();
+    configure(&mut config);
     let volumes = tempfile::tempdir().unwrap();
     let attaches = Attaches::default();
     let kubelet = kubelet(
@@ -399,4 +408,48 @@ async fn a_pod_that_cannot_start_or_dies_first_is_deleted_unattached(db: sqlx::P
         cluster.kubelet.abort();
         api.stop_work(&check.id, true).await;
     }
+}
+
+/// The PVC of a deleted Session is deleted (the deleted-Sessions extension
+/// tells the sweep); a live Session's stays.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_deleted_sessions_pvc_is_swept(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let cluster = cluster_with(&api, Node::Runs, |config| {
+        config.workspace_sweep_every = Duration::from_millis(300);
+    })
+    .await;
+    let (kept, _) = crate::support::queued_session(&api).await;
+    let (doomed, _) = crate::support::queued_session(&api).await;
+    let pvc = |session: &str| format!("mango-session-{}", session.replace('_', "-"));
+    crate::support::until("both PVCs", Duration::from_secs(20), async || {
+        cluster.fake.pvcs().len() == 2
+    })
+    .await;
+    end_activation(&api, &doomed).await;
+    api.delete_session(&doomed).await;
+    crate::support::until(
+        "the deleted Session's PVC goes",
+        Duration::from_secs(20),
+        async || cluster.fake.pvcs() == vec![pvc(&kept)],
+    )
+    .await;
+    let deletes: Vec<String> = cluster
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|(m, u)| m == "DELETE" && u.contains("persistentvolumeclaims"))
+        .map(|(_, u)| u)
+        .collect();
+    assert_eq!(
+        deletes,
+        vec![format!(
+            "/api/v1/namespaces/sandboxes/persistentvolumeclaims/{}?",
+            pvc(&doomed)
+        )],
+        "only the deleted Session's PVC"
+    );
+    end_activation(&api, &kept).await;
+    assert_eq!(cluster.running.shutdown().await, RunEnd::Shutdown);
+    cluster.kubelet.abort();
 }
