@@ -45,6 +45,25 @@ impl Received {
     }
 }
 
+/// What the client sent, read whole, with the means to answer it.
+async fn received(request: Request<Body>, respond: Responder) -> Received {
+    let method = request.method().clone();
+    let uri = request.uri().to_string();
+    let bytes: Bytes = request.into_body().collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
+    Received {
+        method,
+        uri,
+        body,
+        respond,
+    }
+}
+
 /// A client over the mock, and the mock's server end.
 pub fn client() -> (Client, ApiServer) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -59,21 +78,7 @@ impl ApiServer {
                 .await
                 .expect("the controller made the expected request within 10 s")
                 .expect("the client is still there");
-        let method = request.method().clone();
-        let uri = request.uri().to_string();
-        let bytes: Bytes = request.into_body().collect_bytes().await.unwrap();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
-        };
-        Received {
-            method,
-            uri,
-            body,
-            respond,
-        }
+        received(request, respond).await
     }
 
     /// The next request, checked for method and exact URI.
@@ -126,19 +131,14 @@ impl ApiServer {
             async move {
                 let mut open = Vec::new();
                 while let Some((request, respond)) = self.handle.next_request().await {
-                    let method = request.method().clone();
-                    let uri = request.uri().to_string();
-                    let bytes: Bytes = request.into_body().collect_bytes().await.unwrap();
-                    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                    let request = Seen { method, uri, body };
+                    let received = received(request, respond).await;
+                    let request = Seen {
+                        method: received.method.clone(),
+                        uri: received.uri.clone(),
+                        body: received.body.clone(),
+                    };
                     let reply = answer(&request);
                     seen.lock().unwrap().push(request);
-                    let received = Received {
-                        method: Method::GET,
-                        uri: String::new(),
-                        body: Value::Null,
-                        respond,
-                    };
                     match reply {
                         Some((status, body)) => received.respond(status, body),
                         None => open.push(received),
