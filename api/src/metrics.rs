@@ -42,7 +42,8 @@ counters! {
     swept => "mango_work_swept_total", "Time-driven transitions persisted by the sweeper.";
     reclaim_limit_failures => "mango_work_reclaim_limit_failures_total", "Work items failed because they were reclaimed more often than the limit.";
     fenced_results => "mango_session_fenced_results_total", "Worker tool results admitted by the one-statement fenced path.";
-    locked_admissions => "mango_session_locked_admissions_total", "Event sends admitted under the Session row lock (everything else, and fenced results that found the Session or claim moved on).";
+    unlocked_admissions => "mango_session_unlocked_admissions_total", "Event sends admitted by one fenced append without a locking transaction (input that answers no call and needs no new activation).";
+    locked_admissions => "mango_session_locked_admissions_total", "Event sends admitted under the Session row lock (everything else, and fenced sends that found the Session or claim moved on).";
 }
 
 impl Metrics {

@@ -13,7 +13,6 @@ use crate::service::admission::{self, Admission};
 use crate::session_rules::Sender;
 use crate::store::cursor;
 use crate::store::events::{self, EventFilter, LoggedEvent};
-use crate::store::sessions;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -161,7 +160,12 @@ async fn send_events(
             if let Some(admitted) =
                 admission::admit_worker_result(&mut conn, &work, &id, &events).await?
             {
-                return Ok(admitted_reply(&ctx, &id, admitted, true));
+                return Ok(admitted_reply(
+                    &ctx,
+                    &id,
+                    admitted,
+                    AdmissionPath::FencedResult,
+                ));
             }
             checked = Some(events);
         }
@@ -187,28 +191,36 @@ async fn send_events(
         if let Some(admitted) =
             admission::admit_worker_result(&mut conn, work, &id, &events).await?
         {
-            return Ok(admitted_reply(&ctx, &id, admitted, true));
+            return Ok(admitted_reply(
+                &ctx,
+                &id,
+                admitted,
+                AdmissionPath::FencedResult,
+            ));
         }
     }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let (mut session, has_live_work) =
-        sessions::lock_for_admission(&mut tx, &id, workspace.as_deref())
-            .await?
-            .ok_or_else(|| {
-                ApiError::not_found(format!("session {id} not found"))
-                    .code(ErrorCode::SessionNotFound)
-            })?;
-    let admitted = admission::admit(
-        &mut tx,
-        &mut session,
-        has_live_work,
+    let (admitted, locked) = admission::send(
+        &mut conn,
+        &id,
+        workspace.as_deref(),
         sender,
         events,
         &ctx.settings,
     )
     .await?;
-    tx.commit().await?;
-    Ok(admitted_reply(&ctx, &id, admitted, false))
+    let path = if locked {
+        AdmissionPath::Locked
+    } else {
+        AdmissionPath::Unlocked
+    };
+    Ok(admitted_reply(&ctx, &id, admitted, path))
+}
+
+/// Which way an admission went, for the metrics.
+enum AdmissionPath {
+    FencedResult,
+    Unlocked,
+    Locked,
 }
 
 /// Hands the committed events to this process's streams, then answers.
@@ -216,12 +228,12 @@ fn admitted_reply(
     ctx: &ApiContext,
     session_id: &str,
     admitted: Admission,
-    fenced: bool,
+    path: AdmissionPath,
 ) -> Json<SentEventBodies> {
-    Metrics::count(if fenced {
-        &ctx.metrics.fenced_results
-    } else {
-        &ctx.metrics.locked_admissions
+    Metrics::count(match path {
+        AdmissionPath::FencedResult => &ctx.metrics.fenced_results,
+        AdmissionPath::Unlocked => &ctx.metrics.unlocked_admissions,
+        AdmissionPath::Locked => &ctx.metrics.locked_admissions,
     });
     ctx.committed(session_id, &admitted.appended, admitted.wrote_outbox());
     Json(SentEventBodies {

@@ -125,6 +125,80 @@ pub async fn admit(
     })
 }
 
+/// Admits `events` sent to Session `session_id` (of `workspace_id`, for an
+/// operator): by [`admit_unlocked`] when nothing needs the Session's lock,
+/// otherwise by [`admit`] in a transaction that locks it. Also says whether
+/// it took the lock.
+pub async fn send(
+    db: &mut PgConnection,
+    session_id: &str,
+    workspace_id: Option<&str>,
+    sender: Sender,
+    events: Vec<SentEvent>,
+    settings: &Settings,
+) -> ApiResult<(Admission, bool)> {
+    if let Some(admitted) = admit_unlocked(db, session_id, workspace_id, sender, &events).await? {
+        return Ok((admitted, false));
+    }
+    let mut tx = sqlx::Connection::begin(&mut *db).await?;
+    let (mut session, has_live_work) =
+        sessions::lock_for_admission(&mut tx, session_id, workspace_id)
+            .await?
+            .ok_or_else(|| {
+                ApiError::not_found(format!("session {session_id} not found"))
+                    .code(ErrorCode::SessionNotFound)
+            })?;
+    let admitted = admit(
+        &mut tx,
+        &mut session,
+        has_live_work,
+        sender,
+        events,
+        settings,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok((admitted, true))
+}
+
+/// The common case of input, without a locking transaction: the Session
+/// read as it is, the same rules as [`admit`] decided on it, and one
+/// autocommit append fenced on the facts they used (its status and
+/// archival; [`events::append_if_unchanged`]). Two round trips instead of
+/// the locking transaction's four. `None` means "take the locking path":
+/// anything [`admit`] must look into further (a Session not found or
+/// archived, a refusal, an answer to a tool call, input that needs a new
+/// activation, a Session that moved on meanwhile) gets its answer there.
+pub async fn admit_unlocked(
+    db: &mut PgConnection,
+    session_id: &str,
+    workspace_id: Option<&str>,
+    sender: Sender,
+    events: &[SentEvent],
+) -> ApiResult<Option<Admission>> {
+    let bodies: Vec<EventBody> = events.iter().cloned().map(EventBody::from).collect();
+    if bodies.iter().any(|e| e.answers().is_some()) {
+        return Ok(None);
+    }
+    let Some((mut session, has_live_work)) =
+        sessions::read_for_admission(db, session_id, workspace_id).await?
+    else {
+        return Ok(None);
+    };
+    let refused = events
+        .iter()
+        .any(|e| rules::may_send(sender, e, session.status).is_err());
+    let needs_activation = !has_live_work && bodies.iter().any(rules::is_runnable);
+    if session.archived_at.is_some() || refused || needs_activation {
+        return Ok(None);
+    }
+    let appended = events::append_if_unchanged(db, &mut session, bodies, true, time::now()).await?;
+    Ok(appended.map(|appended| Admission {
+        data: appended.iter().map(|e| e.body.clone()).collect(),
+        appended,
+    }))
+}
+
 /// The hot path of a worker's tool loop: one tool result sent with the
 /// item's sessions token (`work`, just authenticated), admitted by one
 /// autocommit statement ([`tool_calls::answer_open_call`]) that decides by

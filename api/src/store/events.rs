@@ -55,10 +55,29 @@ pub async fn append(
     wake_agent_loop: bool,
     now: Timestamp,
 ) -> sqlx::Result<Vec<LoggedEvent>> {
+    let id = session.id.clone();
+    append_if_unchanged(db, session, events, wake_agent_loop, now)
+        .await?
+        // The caller holds the row lock, so only a bug gets here.
+        .ok_or_else(|| sqlx::Error::Protocol(format!("session {id} changed under its row lock")))
+}
+
+/// [`append`] without the caller holding the Session's lock: the statement
+/// takes it, numbers the events after whatever was appended meanwhile, and
+/// writes nothing (`None`) unless the Session's status and archival are
+/// still what `session` says, the facts the caller decided on. The row lock
+/// is held until the statement's own commit, so sequence order stays commit
+/// order.
+pub async fn append_if_unchanged(
+    db: &mut PgConnection,
+    session: &mut SessionRow,
+    events: Vec<EventBody>,
+    wake_agent_loop: bool,
+    now: Timestamp,
+) -> sqlx::Result<Option<Vec<LoggedEvent>>> {
     let mut status = session.status;
     let mut rows = EventColumns::default();
     let mut calls = ToolCallWrites::default();
-    let mut last_seq = session.last_seq;
     for body in events {
         let event = Event {
             id: ids::new_id("sevt"),
@@ -67,24 +86,20 @@ pub async fn append(
         };
         calls.record(&event);
         status = session_rules::status_after(status, &event.body);
-        last_seq += 1;
-        rows.seqs.push(last_seq);
         rows.types.push(event.body.type_name().to_string());
         rows.ids.push(event.id.clone());
         rows.bodies
             .push(serde_json::to_value(&event).expect("an event serializes"));
     }
-    let written: i64 = sqlx::query_scalar(APPEND)
+    let last_seq: Option<i64> = sqlx::query_scalar(APPEND)
         .bind(&session.id)
-        .bind(&rows.seqs)
         .bind(&rows.ids)
         .bind(&rows.types)
-        .bind(now)
         .bind(&rows.bodies)
-        .bind(last_seq)
+        .bind(now)
         .bind(status.as_str())
         .bind(wake_agent_loop)
-        .bind(session.last_seq)
+        .bind(session.status.as_str())
         .bind(session.archived_at)
         .bind(&calls.opened_ids)
         .bind(&calls.opened_kinds)
@@ -95,73 +110,71 @@ pub async fn append(
         .bind(&calls.answered_by)
         .bind(&calls.confirmed_calls)
         .bind(&calls.confirmations)
-        .fetch_one(&mut *db)
+        .fetch_optional(&mut *db)
         .await?;
-    if written == 0 {
-        // The caller holds the row lock, so only a bug gets here.
-        return Err(sqlx::Error::Protocol(format!(
-            "session {} changed under its row lock",
-            session.id
-        )));
-    }
+    let Some(last_seq) = last_seq else {
+        return Ok(None);
+    };
     session.last_seq = last_seq;
     session.status = status;
     session.updated_at = now;
-    Ok(rows
-        .seqs
-        .into_iter()
-        .zip(rows.bodies)
-        .map(|(seq, body)| LoggedEvent {
-            seq,
-            body: Arc::new(body),
-        })
-        .collect())
+    let first_seq = last_seq - rows.bodies.len() as i64 + 1;
+    Ok(Some(
+        (first_seq..)
+            .zip(rows.bodies)
+            .map(|(seq, body)| LoggedEvent {
+                seq,
+                body: Arc::new(body),
+            })
+            .collect(),
+    ))
 }
 
-/// [`append`]'s statement, fenced on the Session row being as the caller
-/// read it (same `last_seq`, same archival). An `UNNEST` of empty arrays
-/// writes nothing, so one statement serves every mix of events.
+/// [`append_if_unchanged`]'s statement. The UPDATE takes the Session's row
+/// lock (waiting for a writer that holds it) and re-checks the fence on the
+/// row as that writer left it; the events are numbered after its `last_seq`
+/// in their order. An `UNNEST` of empty arrays writes nothing, so one
+/// statement serves every mix of events.
 ///
-/// $1 session, $2–$4 and $6 the events' seqs, ids, types and bodies, $5
-/// now, $7 the new last_seq, $8 the new status, $9 whether to write the
-/// outbox row, $10 the last_seq and $11 the archival the caller read,
-/// $12–$16 opened calls, $17/$18 answered calls, $19/$20 confirmations.
+/// $1 session, $2–$4 the events' ids, types and bodies, $5 now, $6 the new
+/// status, $7 whether to write the outbox row, $8 the status and $9 the
+/// archival the caller decided on, $10–$14 opened calls, $15/$16 answered
+/// calls, $17/$18 confirmations.
 const APPEND: &str = "WITH fence AS (
-         UPDATE sessions SET last_seq = $7, status = $8, updated_at = $5
-         WHERE id = $1 AND last_seq = $10 AND archived_at IS NOT DISTINCT FROM $11
-         RETURNING id
+         UPDATE sessions SET last_seq = last_seq + cardinality($2::text[]), status = $6, updated_at = $5
+         WHERE id = $1 AND status = $8 AND archived_at IS NOT DISTINCT FROM $9
+         RETURNING id, last_seq
      ),
      events AS (
          INSERT INTO session_events (session_id, seq, id, type, processed_at, body)
-         SELECT fence.id, e.seq, e.id, e.type, $5, e.body
-         FROM fence, UNNEST($2::bigint[], $3::text[], $4::text[], $6::jsonb[]) AS e(seq, id, type, body)
+         SELECT fence.id, fence.last_seq - cardinality($2::text[]) + e.n, e.id, e.type, $5, e.body
+         FROM fence, UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS e(id, type, body, n)
      ),
      opened AS (
          INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
          SELECT fence.id, c.id, c.kind, c.name, c.thread_id, c.permission
-         FROM fence, UNNEST($12::text[], $13::text[], $14::text[], $15::text[], $16::text[])
+         FROM fence, UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
               AS c(id, kind, name, thread_id, permission)
      ),
      answered AS (
          -- FROM fence: nothing is updated unless the fence moved.
          UPDATE session_tool_calls t SET answered_by = a.event_id
-         FROM fence, UNNEST($17::text[], $18::text[]) AS a(call_id, event_id)
+         FROM fence, UNNEST($15::text[], $16::text[]) AS a(call_id, event_id)
          WHERE t.session_id = $1 AND t.id = a.call_id
      ),
      confirmed AS (
          UPDATE session_tool_calls t SET confirmation = c.result
-         FROM fence, UNNEST($19::text[], $20::text[]) AS c(call_id, result)
+         FROM fence, UNNEST($17::text[], $18::text[]) AS c(call_id, result)
          WHERE t.session_id = $1 AND t.id = c.call_id
      ),
      outbox AS (
          INSERT INTO outbox (session_id, last_seq, created_at)
-         SELECT fence.id, $7, $5 FROM fence WHERE $9
+         SELECT fence.id, fence.last_seq, $5 FROM fence WHERE $7
      )
-     SELECT count(*) FROM fence";
+     SELECT last_seq FROM fence";
 
 #[derive(Default)]
 struct EventColumns {
-    seqs: Vec<i64>,
     ids: Vec<String>,
     types: Vec<String>,
     bodies: Vec<Value>,

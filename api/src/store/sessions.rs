@@ -127,12 +127,31 @@ pub async fn lock_for_admission(
     id: &str,
     workspace_id: Option<&str>,
 ) -> sqlx::Result<Option<(SessionRow, bool)>> {
+    admission_view(db, id, workspace_id, "FOR NO KEY UPDATE OF sessions").await
+}
+
+/// [`lock_for_admission`]'s read without the lock, for an admission whose
+/// write is fenced on what it read ([`super::events::append_if_unchanged`]).
+pub async fn read_for_admission(
+    db: &mut PgConnection,
+    id: &str,
+    workspace_id: Option<&str>,
+) -> sqlx::Result<Option<(SessionRow, bool)>> {
+    admission_view(db, id, workspace_id, "").await
+}
+
+async fn admission_view(
+    db: &mut PgConnection,
+    id: &str,
+    workspace_id: Option<&str>,
+    locking: &str,
+) -> sqlx::Result<Option<(SessionRow, bool)>> {
     let sql = format!(
         "SELECT {COLUMNS},
                 EXISTS (SELECT 1 FROM work w WHERE w.session_id = sessions.id
                           AND w.kind = 'session' AND w.state <> 'stopped') AS has_live_work
          FROM sessions WHERE id = $1 AND ($2::text IS NULL OR workspace_id = $2)
-         FOR NO KEY UPDATE OF sessions"
+         {locking}"
     );
     let row: Option<LockedSession> = sqlx::query_as(&sql)
         .bind(id)

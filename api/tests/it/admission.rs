@@ -507,6 +507,7 @@ fn counter(app: &TestApp, which: &str) -> u64 {
     let m = &app.ctx.metrics;
     let c = match which {
         "fenced" => &m.fenced_results,
+        "unlocked" => &m.unlocked_admissions,
         _ => &m.locked_admissions,
     };
     c.load(std::sync::atomic::Ordering::Relaxed)
@@ -575,6 +576,192 @@ async fn a_workers_first_result_takes_the_fenced_path_and_everything_else_the_lo
     r.expect(401);
     assert_eq!(app.count_for("session_events", &s).await, events);
     assert_eq!(counter(&app, "fenced"), fenced + 2);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn input_that_needs_no_lock_is_admitted_by_one_fenced_append(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let s = app.create_session().await;
+    let (unlocked, locked) = (counter(&app, "unlocked"), counter(&app, "locked"));
+    // The first input needs an activation: the locking path makes it.
+    app.send(&s, json!([user_message("first")]))
+        .await
+        .expect(200);
+    assert_eq!(counter(&app, "locked"), locked + 1);
+    assert_eq!(counter(&app, "unlocked"), unlocked);
+    assert_eq!(live_work(&app, &s).await.len(), 1);
+
+    // While that Work lives, input only appends: no lock, the same writes.
+    let r = app
+        .send(&s, json!([user_message("second"), user_message("third")]))
+        .await;
+    r.expect(200);
+    assert_eq!(counter(&app, "unlocked"), unlocked + 1);
+    assert_eq!(counter(&app, "locked"), locked + 1);
+    assert_eq!(app.session_counts(&s).await, (3, 1, 2));
+    assert_eq!(last_seq(&app, &s).await, 3);
+    let history = app.all_events(&s).await;
+    assert_eq!(history[1]["id"], r.body["data"][0]["id"]);
+    assert_eq!(history[2]["id"], r.body["data"][1]["id"]);
+    assert_eq!(history[2]["content"][0]["text"], "third");
+
+    // What the rules refuse or must look into still gets the lock's answer.
+    let call = append_one(&app, &s, tool_use(Some("ask"), None)).await;
+    app.send(&s, json!([confirm(&call, "allow")]))
+        .await
+        .expect(200);
+    assert_eq!(counter(&app, "unlocked"), unlocked + 1);
+    assert_eq!(counter(&app, "locked"), locked + 2);
+    sqlx::query("INSERT INTO workspaces (id, name) VALUES ('wrkspc_other', 'other')")
+        .execute(&app.db)
+        .await
+        .unwrap();
+    let (_, foreign) = mango_api::store::keys::create(
+        &app.db,
+        "wrkspc_other",
+        None,
+        "other",
+        mango_protocol::time::now(),
+    )
+    .await
+    .unwrap();
+    let r = app.send_as(&s, &foreign, json!([user_message("x")])).await;
+    assert_error(&r, 404, "session_not_found");
+    let ws_key = app.ws_key.clone();
+    app.call(
+        Method::POST,
+        &format!("/v1/sessions/{s}/archive"),
+        Some(&ws_key),
+        None,
+    )
+    .await
+    .expect(200);
+    let r = app.send(&s, json!([user_message("late")])).await;
+    assert_error(&r, 409, "session_archived");
+    assert_eq!(counter(&app, "unlocked"), unlocked + 1);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_unlocked_append_writes_nothing_once_its_sessions_status_or_archival_moved(
+    db: sqlx::PgPool,
+) {
+    use mango_api::store::{events, sessions};
+    let app = TestApp::start(db).await;
+    let running = json!({"type": "session.status_running"});
+    for change in ["status", "archival"] {
+        let s = app.create_session().await;
+        let mut conn = app.db.acquire().await.unwrap();
+        let (mut seen, _) = sessions::read_for_admission(&mut conn, &s, None)
+            .await
+            .unwrap()
+            .unwrap();
+        match change {
+            "status" => {
+                append_agent_events(&app.db, &s, vec![running.clone()])
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                sessions::set_archived(&app.db, &s, mango_protocol::time::now())
+                    .await
+                    .unwrap();
+            }
+        }
+        let before = app.session_counts(&s).await;
+        let message = mango_testkit::events::body(user_message("stale"));
+        let now = mango_protocol::time::now();
+        let written = events::append_if_unchanged(&mut conn, &mut seen, vec![message], true, now)
+            .await
+            .unwrap();
+        assert!(written.is_none(), "fenced out after the {change} moved");
+        assert_eq!(app.session_counts(&s).await, before, "{change}");
+    }
+    // A writer holding the row with another append: the unlocked one waits
+    // for it and numbers its event after it, as commit order.
+    let s = app.create_session().await;
+    let mut conn = app.db.acquire().await.unwrap();
+    let (seen, _) = sessions::read_for_admission(&mut conn, &s, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut first = app.db.begin().await.unwrap();
+    let mut locked = sessions::lock(&mut first, &s).await.unwrap().unwrap();
+    let now = mango_protocol::time::now();
+    let agent_message =
+        mango_testkit::events::body(json!({"type": "agent.message", "content": []}));
+    events::append(
+        &mut first,
+        &mut locked,
+        vec![agent_message, mango_testkit::events::body(running)],
+        false,
+        now,
+    )
+    .await
+    .unwrap();
+    let racing = tokio::spawn(async move {
+        let mut seen = seen;
+        let message = mango_testkit::events::body(user_message("after"));
+        let written = events::append_if_unchanged(
+            &mut conn,
+            &mut seen,
+            vec![message],
+            true,
+            mango_protocol::time::now(),
+        )
+        .await
+        .unwrap();
+        written.map(|w| w.iter().map(|e| e.seq).collect::<Vec<_>>())
+    });
+    let written = app.commit_past(first, racing, "the unlocked append").await;
+    assert_eq!(written, None, "the status moved under it: {written:?}");
+
+    let s = app.create_session().await;
+    let mut conn = app.db.acquire().await.unwrap();
+    let (seen, _) = sessions::read_for_admission(&mut conn, &s, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut first = app.db.begin().await.unwrap();
+    let mut locked = sessions::lock(&mut first, &s).await.unwrap().unwrap();
+    let agent_message =
+        mango_testkit::events::body(json!({"type": "agent.message", "content": []}));
+    events::append(
+        &mut first,
+        &mut locked,
+        vec![agent_message.clone(), agent_message],
+        false,
+        now,
+    )
+    .await
+    .unwrap();
+    let racing = tokio::spawn(async move {
+        let mut seen = seen;
+        let message = mango_testkit::events::body(user_message("after"));
+        let written = events::append_if_unchanged(
+            &mut conn,
+            &mut seen,
+            vec![message],
+            true,
+            mango_protocol::time::now(),
+        )
+        .await
+        .unwrap();
+        written.map(|w| (w.iter().map(|e| e.seq).collect::<Vec<_>>(), seen.last_seq))
+    });
+    let written = app.commit_past(first, racing, "the unlocked append").await;
+    assert_eq!(
+        written,
+        Some((vec![3], 3)),
+        "numbered after the holder's two events"
+    );
+    let seqs: Vec<i64> =
+        sqlx::query_scalar("SELECT seq FROM session_events WHERE session_id = $1 ORDER BY seq")
+            .bind(&s)
+            .fetch_all(&app.db)
+            .await
+            .unwrap();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    assert_eq!(last_seq(&app, &s).await, 3);
 }
 
 /// One worker result through the one-statement path, on `db` (a pool, or a
