@@ -20,7 +20,7 @@
 #
 # Exit status: 0 passed, 1 failed, 77 skipped (no kind and no cluster, or no
 # way to bring this checkout's images into the cluster); with
-# MANGO_REQUIRE_KIND=1 a skip is a failure. kind-tests/tests/kind.rs runs
+# MANGO_REQUIRE_KIND=1 a skip is a failure. kind-tests/tests/it/kind.rs runs
 # it under `cargo test`; .github/workflows/kind.yml runs that.
 #
 # Needs docker, kubectl, curl and python3, and either helm or the venv's

@@ -12,6 +12,7 @@ use crate::harness::Bench;
 use crate::http::Api;
 use crate::measure::{ms, percentile, CpuSample};
 use anyhow::{bail, Context};
+use mango_protocol::events::types;
 use serde_json::Value;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -426,7 +427,7 @@ fn parse_frame(frame: &[u8]) -> anyhow::Result<Option<(usize, u64)>> {
             data.push_str(v.strip_prefix(' ').unwrap_or(v));
         }
     }
-    if event != "user.message" {
+    if event != types::USER_MESSAGE {
         return Ok(None);
     }
     let body: Value = serde_json::from_str(&data).context("user.message frame data")?;

@@ -2,6 +2,8 @@
 //! client's own CPU is part of what `lease` and `events` measure.
 
 use anyhow::{bail, Context};
+use mango_protocol::content::ContentBlock;
+use mango_protocol::events::{SentEvent, UserMessage};
 use mango_testkit::work::try_sessions_token;
 use mango_testkit::{urlencode, TestApp};
 use reqwest::StatusCode;
@@ -197,7 +199,9 @@ impl Api {
             .http
             .post(format!("{}/sessions/{session}/events", self.v1()))
             .bearer_auth(&self.ws_key)
-            .json(&json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]}))
+            .json(&json!({"events": [SentEvent::UserMessage(UserMessage {
+                content: vec![ContentBlock::Text { text: text.to_string() }],
+            })]}))
             .send()
             .await?;
         expect(reply, StatusCode::OK, "send events").await.map(drop)

@@ -30,7 +30,10 @@ use crate::http::Api;
 use crate::measure::{ms, percentile};
 use anyhow::{bail, Context};
 use mango_api::service::admission::emit;
-use mango_protocol::events::{AgentToolUse, EventBody, Permission};
+use mango_protocol::content::ContentBlock;
+use mango_protocol::events::{
+    types, AgentToolUse, EventBody, Permission, SentEvent, UserToolResult,
+};
 use mango_protocol::WorkData;
 use mango_testkit::work::try_sessions_token;
 use serde_json::{json, Value};
@@ -439,7 +442,7 @@ impl Participant {
         let (call_tx, mut calls) = mpsc::unbounded_channel::<Arrival>();
         let call_reader = tokio::spawn(read_frames(
             api.open_stream(&part.session).await?,
-            "agent.tool_use",
+            types::AGENT_TOOL_USE,
             call_tx,
         ));
         let responder = {
@@ -448,13 +451,16 @@ impl Participant {
                 while let Some((_, call)) = calls.recv().await {
                     let command = call["input"]["command"].as_str().unwrap_or_default();
                     let word = command.strip_prefix("echo ").unwrap_or(command);
-                    let result = json!({
-                        "type": "user.tool_result",
-                        "tool_use_id": call["id"],
-                        "content": [{"type": "text", "text": word}],
-                        "is_error": false,
+                    let result = SentEvent::UserToolResult(UserToolResult {
+                        tool_use_id: call["id"].as_str().unwrap_or_default().to_string(),
+                        content: Some(vec![ContentBlock::Text {
+                            text: word.to_string(),
+                        }]),
+                        is_error: Some(false),
+                        session_thread_id: None,
                     });
-                    api.send_events_as(&session, &token, vec![result]).await?;
+                    api.send_events_as(&session, &token, vec![serde_json::to_value(result)?])
+                        .await?;
                 }
                 anyhow::Ok(())
             })
@@ -571,7 +577,7 @@ impl Participant {
                 };
                 tokio::select! {
                     got = tokio::time::timeout_at(deadline, self.admissions.recv()) => match got {
-                        Ok(Some((at, event))) if event["type"] == "agent.tool_use" => {
+                        Ok(Some((at, event))) if event["type"] == types::AGENT_TOOL_USE => {
                             let id = event["id"].as_str().unwrap_or_default().to_string();
                             self.calls_seen.insert(id, at);
                         }
@@ -726,7 +732,7 @@ fn admissions(
                 publication = published.recv() => {
                     let Some((at, body)) = publication else { return Ok(()) };
                     let kind = body["type"].as_str().unwrap_or_default();
-                    if (kind == "agent.tool_use" || kind == "user.tool_result")
+                    if (kind == types::AGENT_TOOL_USE || kind == types::USER_TOOL_RESULT)
                         && tx.send((at, (*body).clone())).is_err()
                     {
                         return Ok(());

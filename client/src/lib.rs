@@ -14,8 +14,8 @@ pub use sse::{EventStream, StreamFrame};
 use mango_protocol::events::{Event, SentEvent};
 use mango_protocol::sessions::Session;
 use mango_protocol::{
-    DeletedSessions, Environment, ErrorEnvelope, HeartbeatResponse, Page, QueueStats, Work,
-    WorkClaims, NO_HEARTBEAT,
+    DeletedSessions, Environment, ErrorCode, ErrorEnvelope, ErrorType, HeartbeatResponse, Page,
+    QueueStats, Work, WorkClaims, NO_HEARTBEAT,
 };
 use rand::Rng;
 use reqwest::{Method, StatusCode};
@@ -418,7 +418,9 @@ impl Client {
             .await
         {
             Ok(_) => Ok(true),
-            Err(err) if err.error_code() == Some("work_already_stopped") => Ok(false),
+            Err(err) if err.error_code() == Some(ErrorCode::WorkAlreadyStopped.as_str()) => {
+                Ok(false)
+            }
             Err(err) => Err(err),
         }
     }
@@ -612,7 +614,7 @@ fn error_from(
         },
         Err(_) => ClientError::Api {
             status,
-            kind: "api_error".into(),
+            kind: ErrorType::ApiError.as_str().into(),
             message: String::from_utf8_lossy(bytes).chars().take(500).collect(),
             error_code: None,
             details: None,
@@ -704,6 +706,48 @@ mod tests {
             assert!(d3 >= Duration::from_millis(200) && d3 <= Duration::from_millis(400));
             assert!(p.delay(30) <= Duration::from_secs(1));
         }
+    }
+
+    #[test]
+    fn error_answers_keep_their_envelope_or_become_api_errors() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("request-id", "req_1".parse().unwrap());
+        let envelope = br#"{"type": "error", "error": {"type": "invalid_request_error",
+            "message": "already stopped", "details": {"error_code": "work_already_stopped"}},
+            "request_id": "req_2"}"#;
+        let err = error_from(StatusCode::CONFLICT, &headers, envelope);
+        assert_eq!(
+            err.error_code(),
+            Some(ErrorCode::WorkAlreadyStopped.as_str())
+        );
+        let ClientError::Api {
+            kind, request_id, ..
+        } = &err
+        else {
+            panic!("an api error: {err:?}")
+        };
+        assert_eq!(kind, "invalid_request_error");
+        assert_eq!(request_id.as_deref(), Some("req_2"));
+        // Not an envelope (a proxy's page): an `api_error` with the body's start.
+        let err = error_from(
+            StatusCode::BAD_GATEWAY,
+            &headers,
+            b"<html>bad gateway</html>",
+        );
+        let ClientError::Api {
+            kind,
+            message,
+            error_code,
+            request_id,
+            ..
+        } = &err
+        else {
+            panic!("an api error: {err:?}")
+        };
+        assert_eq!(kind, "api_error");
+        assert_eq!(message, "<html>bad gateway</html>");
+        assert_eq!(*error_code, None);
+        assert_eq!(request_id.as_deref(), Some("req_1"));
     }
 
     #[test]

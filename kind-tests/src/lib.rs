@@ -1,3 +1,3 @@
 //! The end-to-end test on a real Kubernetes cluster lives in
-//! `tests/kind.rs`, which runs `kind-tests/run.sh`. This crate has no code
+//! `tests/it/kind.rs`, which runs `kind-tests/run.sh`. This crate has no code
 //! of its own.

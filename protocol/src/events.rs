@@ -76,6 +76,34 @@ pub enum EventBody {
     Other(Map<String, Value>),
 }
 
+/// The wire `type` of every modelled event, each spelled once, for readers
+/// that filter on a frame's `event:` line or a raw body's `type` without
+/// parsing the event (the benchmarks). [`EventBody::type_name`] and
+/// [`SentEvent::type_name`] answer with these; the serde tags above agree
+/// (tested).
+pub mod types {
+    pub const USER_MESSAGE: &str = "user.message";
+    pub const USER_INTERRUPT: &str = "user.interrupt";
+    pub const USER_TOOL_CONFIRMATION: &str = "user.tool_confirmation";
+    pub const USER_TOOL_RESULT: &str = "user.tool_result";
+    pub const USER_CUSTOM_TOOL_RESULT: &str = "user.custom_tool_result";
+    pub const USER_DEFINE_OUTCOME: &str = "user.define_outcome";
+    pub const SYSTEM_MESSAGE: &str = "system.message";
+    pub const AGENT_MESSAGE: &str = "agent.message";
+    pub const AGENT_THINKING: &str = "agent.thinking";
+    pub const AGENT_TOOL_USE: &str = "agent.tool_use";
+    pub const AGENT_CUSTOM_TOOL_USE: &str = "agent.custom_tool_use";
+    pub const SESSION_STATUS_RUNNING: &str = "session.status_running";
+    pub const SESSION_STATUS_IDLE: &str = "session.status_idle";
+    pub const SESSION_STATUS_RESCHEDULED: &str = "session.status_rescheduled";
+    pub const SESSION_STATUS_TERMINATED: &str = "session.status_terminated";
+    pub const SESSION_DELETED: &str = "session.deleted";
+    pub const SESSION_ERROR: &str = "session.error";
+    pub const SESSION_THREAD_STATUS_TERMINATED: &str = "session.thread_status_terminated";
+    pub const SPAN_MODEL_REQUEST_START: &str = "span.model_request_start";
+    pub const SPAN_MODEL_REQUEST_END: &str = "span.model_request_end";
+}
+
 /// Every event type the SDK knows, in its `types[]` filter order.
 pub const EVENT_TYPES: &[&str] = &[
     "user.message",
@@ -119,26 +147,26 @@ impl EventBody {
     /// The wire `type`.
     pub fn type_name(&self) -> &str {
         match self {
-            EventBody::UserMessage(_) => "user.message",
-            EventBody::UserInterrupt(_) => "user.interrupt",
-            EventBody::UserToolConfirmation(_) => "user.tool_confirmation",
-            EventBody::UserToolResult(_) => "user.tool_result",
-            EventBody::UserCustomToolResult(_) => "user.custom_tool_result",
-            EventBody::UserDefineOutcome(_) => "user.define_outcome",
-            EventBody::SystemMessage(_) => "system.message",
-            EventBody::AgentMessage(_) => "agent.message",
-            EventBody::AgentThinking => "agent.thinking",
-            EventBody::AgentToolUse(_) => "agent.tool_use",
-            EventBody::AgentCustomToolUse(_) => "agent.custom_tool_use",
-            EventBody::SessionStatusRunning => "session.status_running",
-            EventBody::SessionStatusIdle(_) => "session.status_idle",
-            EventBody::SessionStatusRescheduled => "session.status_rescheduled",
-            EventBody::SessionStatusTerminated => "session.status_terminated",
-            EventBody::SessionDeleted => "session.deleted",
-            EventBody::SessionError(_) => "session.error",
-            EventBody::ThreadStatusTerminated(_) => "session.thread_status_terminated",
-            EventBody::ModelRequestStart => "span.model_request_start",
-            EventBody::ModelRequestEnd(_) => "span.model_request_end",
+            EventBody::UserMessage(_) => types::USER_MESSAGE,
+            EventBody::UserInterrupt(_) => types::USER_INTERRUPT,
+            EventBody::UserToolConfirmation(_) => types::USER_TOOL_CONFIRMATION,
+            EventBody::UserToolResult(_) => types::USER_TOOL_RESULT,
+            EventBody::UserCustomToolResult(_) => types::USER_CUSTOM_TOOL_RESULT,
+            EventBody::UserDefineOutcome(_) => types::USER_DEFINE_OUTCOME,
+            EventBody::SystemMessage(_) => types::SYSTEM_MESSAGE,
+            EventBody::AgentMessage(_) => types::AGENT_MESSAGE,
+            EventBody::AgentThinking => types::AGENT_THINKING,
+            EventBody::AgentToolUse(_) => types::AGENT_TOOL_USE,
+            EventBody::AgentCustomToolUse(_) => types::AGENT_CUSTOM_TOOL_USE,
+            EventBody::SessionStatusRunning => types::SESSION_STATUS_RUNNING,
+            EventBody::SessionStatusIdle(_) => types::SESSION_STATUS_IDLE,
+            EventBody::SessionStatusRescheduled => types::SESSION_STATUS_RESCHEDULED,
+            EventBody::SessionStatusTerminated => types::SESSION_STATUS_TERMINATED,
+            EventBody::SessionDeleted => types::SESSION_DELETED,
+            EventBody::SessionError(_) => types::SESSION_ERROR,
+            EventBody::ThreadStatusTerminated(_) => types::SESSION_THREAD_STATUS_TERMINATED,
+            EventBody::ModelRequestStart => types::SPAN_MODEL_REQUEST_START,
+            EventBody::ModelRequestEnd(_) => types::SPAN_MODEL_REQUEST_END,
             EventBody::Other(fields) => fields.get("type").and_then(Value::as_str).unwrap_or(""),
         }
     }
@@ -510,17 +538,19 @@ impl SentEvent {
         };
         let rest = Value::Object(fields);
         let parsed = match kind.as_str() {
-            "user.message" => strict::from_value(rest).map(SentEvent::UserMessage),
-            "user.interrupt" => strict::from_value(rest).map(SentEvent::UserInterrupt),
-            "user.tool_confirmation" => {
+            types::USER_MESSAGE => strict::from_value(rest).map(SentEvent::UserMessage),
+            types::USER_INTERRUPT => strict::from_value(rest).map(SentEvent::UserInterrupt),
+            types::USER_TOOL_CONFIRMATION => {
                 strict::from_value(rest).map(SentEvent::UserToolConfirmation)
             }
-            "user.tool_result" => strict::from_value(rest).map(SentEvent::UserToolResult),
-            "user.custom_tool_result" => {
+            types::USER_TOOL_RESULT => strict::from_value(rest).map(SentEvent::UserToolResult),
+            types::USER_CUSTOM_TOOL_RESULT => {
                 strict::from_value(rest).map(SentEvent::UserCustomToolResult)
             }
-            "user.define_outcome" => strict::from_value(rest).map(SentEvent::UserDefineOutcome),
-            "system.message" => strict::from_value(rest).map(SentEvent::SystemMessage),
+            types::USER_DEFINE_OUTCOME => {
+                strict::from_value(rest).map(SentEvent::UserDefineOutcome)
+            }
+            types::SYSTEM_MESSAGE => strict::from_value(rest).map(SentEvent::SystemMessage),
             other
                 if ["agent.", "session.", "span."]
                     .iter()
@@ -553,25 +583,25 @@ impl SentEvent {
     /// The wire `type`.
     pub fn type_name(&self) -> &'static str {
         match self {
-            SentEvent::UserMessage(_) => "user.message",
-            SentEvent::UserInterrupt(_) => "user.interrupt",
-            SentEvent::UserToolConfirmation(_) => "user.tool_confirmation",
-            SentEvent::UserToolResult(_) => "user.tool_result",
-            SentEvent::UserCustomToolResult(_) => "user.custom_tool_result",
-            SentEvent::UserDefineOutcome(_) => "user.define_outcome",
-            SentEvent::SystemMessage(_) => "system.message",
+            SentEvent::UserMessage(_) => types::USER_MESSAGE,
+            SentEvent::UserInterrupt(_) => types::USER_INTERRUPT,
+            SentEvent::UserToolConfirmation(_) => types::USER_TOOL_CONFIRMATION,
+            SentEvent::UserToolResult(_) => types::USER_TOOL_RESULT,
+            SentEvent::UserCustomToolResult(_) => types::USER_CUSTOM_TOOL_RESULT,
+            SentEvent::UserDefineOutcome(_) => types::USER_DEFINE_OUTCOME,
+            SentEvent::SystemMessage(_) => types::SYSTEM_MESSAGE,
         }
     }
 
     /// Every type a client may send, for messages.
     pub const TYPES: [&'static str; 7] = [
-        "user.message",
-        "user.interrupt",
-        "user.tool_confirmation",
-        "user.tool_result",
-        "user.custom_tool_result",
-        "user.define_outcome",
-        "system.message",
+        types::USER_MESSAGE,
+        types::USER_INTERRUPT,
+        types::USER_TOOL_CONFIRMATION,
+        types::USER_TOOL_RESULT,
+        types::USER_CUSTOM_TOOL_RESULT,
+        types::USER_DEFINE_OUTCOME,
+        types::SYSTEM_MESSAGE,
     ];
 }
 
@@ -636,6 +666,30 @@ mod tests {
             assert!(EVENT_TYPES.contains(&e.body.type_name()));
             assert_eq!(serde_json::to_value(&e).unwrap(), stored, "round trip");
         }
+    }
+
+    #[test]
+    fn sent_type_names_are_their_serde_tags_and_sendable() {
+        let samples = [
+            json!({"type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
+            json!({"type": "user.interrupt"}),
+            json!({"type": "user.tool_confirmation", "tool_use_id": "sevt_1", "result": "allow"}),
+            json!({"type": "user.tool_result", "tool_use_id": "sevt_1"}),
+            json!({"type": "user.custom_tool_result", "custom_tool_use_id": "sevt_2"}),
+            json!({"type": "user.define_outcome", "description": "d", "rubric": {"type": "text", "content": "c"}, "max_iterations": 3}),
+            json!({"type": "system.message", "content": [{"type": "text", "text": "s"}]}),
+        ];
+        let mut names = Vec::new();
+        for sample in samples {
+            let sent = SentEvent::parse(sample.clone()).unwrap();
+            assert_eq!(sent.type_name(), sample["type"]);
+            assert_eq!(serde_json::to_value(&sent).unwrap()["type"], sample["type"]);
+            assert_eq!(EventBody::from(sent.clone()).type_name(), sent.type_name());
+            names.push(sent.type_name());
+        }
+        assert_eq!(names, SentEvent::TYPES);
+        assert_eq!(types::USER_MESSAGE, "user.message");
+        assert_eq!(types::AGENT_TOOL_USE, "agent.tool_use");
     }
 
     #[test]

@@ -74,7 +74,44 @@ impl TestApp {
         Self::serve_on(db, ApiContext::new(pool, settings), ips).await
     }
 
-    async fn serve_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
+    /// A second api process on this one's database, as another replica of
+    /// `mango serve` is: its own named pool (so its own LISTEN connection and
+    /// registry row), the same settings, on its own loopback port. It shares
+    /// this app's Workspace key, Environment and Environment key (nothing new
+    /// is created) and returns once it listens. Stop it with
+    /// [`TestApp::stop`]; dropping it stops it too.
+    pub async fn second_process(&self) -> TestApp {
+        let pool = mango_api::db::api_pool(&self.db, 8).await.unwrap();
+        let ctx = ApiContext::new(pool, (*self.ctx.settings).clone());
+        let (base, also, shutdown, server) = Self::listen(ctx.clone(), &[]).await;
+        let app = TestApp {
+            base,
+            also,
+            http: self.http.clone(),
+            db: self.db.clone(),
+            ctx,
+            ws_key: self.ws_key.clone(),
+            env_id: self.env_id.clone(),
+            env_key: self.env_key.clone(),
+            env_key_id: self.env_key_id.clone(),
+            shutdown: Mutex::new(Some(shutdown)),
+            server: Mutex::new(Some(server)),
+        };
+        app.ctx.until_listening().await;
+        app
+    }
+
+    /// Serves `ctx` on a loopback port and one port of each of `ips`: the
+    /// base URL, the further addresses, the shutdown sender and the server task.
+    async fn listen(
+        ctx: ApiContext,
+        ips: &[std::net::IpAddr],
+    ) -> (
+        String,
+        Vec<std::net::SocketAddr>,
+        oneshot::Sender<()>,
+        JoinHandle<()>,
+    ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let mut listeners = vec![listener];
@@ -85,14 +122,18 @@ impl TestApp {
             listeners.push(extra);
         }
         let (tx, rx) = oneshot::channel::<()>();
-        let serve_ctx = ctx.clone();
         let server = tokio::spawn(async move {
-            server::serve_all(serve_ctx, listeners, async {
+            server::serve_all(ctx, listeners, async {
                 let _ = rx.await;
             })
             .await
             .unwrap();
         });
+        (base, also, tx, server)
+    }
+
+    async fn serve_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
+        let (base, also, tx, server) = Self::listen(ctx.clone(), ips).await;
         let (_, ws_key) = keys::create(&db, "wrkspc_default", None, "test operator", time::now())
             .await
             .unwrap();

@@ -12,7 +12,7 @@ use crate::lease::TokenUse;
 use crate::memory_rules;
 use crate::metadata;
 use crate::openapi::{Missing, Refusals, TooLarge};
-use crate::service::memory::{store_not_found, Writer};
+use crate::service::memory::{self, store_not_found, Writer};
 use crate::store::memory::{self as store, StoreFilter, StoreRow};
 use crate::store::work::WorkRow;
 use crate::store::{cursor, sessions};
@@ -213,35 +213,7 @@ async fn update(
     if let Patch::Set(description) = &body.description {
         memory_rules::check_description(description)?;
     }
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let mut row = store::lock_store(&mut tx, &key.workspace_id, &id)
-        .await?
-        .ok_or_else(|| store_not_found(&id))?;
-    if row.archived_at.is_some() {
-        return Err(ApiError::bad_request(format!(
-            "memory store {id} is archived and cannot be updated"
-        ))
-        .code(mango_protocol::ErrorCode::MemoryStoreArchived));
-    }
-    let before = row.clone();
-    if let Patch::Set(name) = body.name {
-        row.name = name;
-    }
-    if let Patch::Set(description) = body.description {
-        row.description = description;
-    }
-    if let Some(patch) = &body.metadata {
-        let merged = metadata::merge(&metadata::from_json(&row.metadata), patch, false)?;
-        row.metadata = metadata::to_json(&merged);
-    }
-    let changed = row.name != before.name
-        || row.description != before.description
-        || row.metadata != before.metadata;
-    if changed {
-        row.updated_at = time::now();
-        row = store::update_store(&mut tx, &row).await?;
-    }
-    tx.commit().await?;
+    let row = memory::update_store(&mut conn, &key.workspace_id, &id, body).await?;
     Ok(Json(row.render()))
 }
 
@@ -325,16 +297,6 @@ async fn archive(
     headers: HeaderMap,
 ) -> ApiResult<Json<MemoryStore>> {
     let (mut conn, key) = operator(&ctx, &headers, "Archiving a memory store").await?;
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    let mut row = store::lock_store(&mut tx, &key.workspace_id, &id)
-        .await?
-        .ok_or_else(|| store_not_found(&id))?;
-    if row.archived_at.is_none() {
-        let now = time::now();
-        row.archived_at = Some(now);
-        row.updated_at = now;
-        row = store::update_store(&mut tx, &row).await?;
-    }
-    tx.commit().await?;
+    let row = memory::archive_store(&mut conn, &key.workspace_id, &id).await?;
     Ok(Json(row.render()))
 }

@@ -2,15 +2,18 @@
 //! together, under the store's share lock (an archive or delete of the
 //! store waits) and, for a Session's runner, fenced on its Work claim in the
 //! same transaction: the write commits only while that claim is live.
-//! Also: checking and snapshotting the stores a new Session attaches.
+//! Also: a store's own update and archive, each under its row lock, and
+//! checking and snapshotting the stores a new Session attaches.
 
 use crate::error::{ApiError, ApiResult};
 use crate::ids;
 use crate::lease::TokenUse;
 use crate::memory_rules::{self, MAX_INSTRUCTIONS_CHARS};
+use crate::metadata;
 use crate::store::memory::{self as store, MemoryRow, StoreRow, VersionRow};
 use crate::store::work;
-use mango_protocol::memory::{Actor, MemoryOperation};
+use mango_protocol::memory::{Actor, MemoryOperation, UpdateMemoryStore};
+use mango_protocol::patch::Patch;
 use mango_protocol::sessions::{MemoryAccess, SessionResource};
 use mango_protocol::time::{self, Timestamp};
 use mango_protocol::{ErrorCode, ErrorType};
@@ -296,6 +299,68 @@ pub async fn redact(
     let row = store::redact_version(&mut tx, store_id, version_id, &writer.actor(), time::now())
         .await?
         .ok_or_else(missing)?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// Store `store_id` of the workspace patched (name and description already
+/// checked; metadata merged here), under its row lock: refused once
+/// archived, and `updated_at` moves only when something changed.
+pub async fn update_store(
+    conn: &mut PgConnection,
+    workspace_id: &str,
+    store_id: &str,
+    patch: UpdateMemoryStore,
+) -> ApiResult<StoreRow> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut row = store::lock_store(&mut tx, workspace_id, store_id)
+        .await?
+        .ok_or_else(|| store_not_found(store_id))?;
+    if row.archived_at.is_some() {
+        return Err(ApiError::bad_request(format!(
+            "memory store {store_id} is archived and cannot be updated"
+        ))
+        .code(ErrorCode::MemoryStoreArchived));
+    }
+    let before = row.clone();
+    if let Patch::Set(name) = patch.name {
+        row.name = name;
+    }
+    if let Patch::Set(description) = patch.description {
+        row.description = description;
+    }
+    if let Some(patch) = &patch.metadata {
+        let merged = metadata::merge(&metadata::from_json(&row.metadata), patch, false)?;
+        row.metadata = metadata::to_json(&merged);
+    }
+    let changed = row.name != before.name
+        || row.description != before.description
+        || row.metadata != before.metadata;
+    if changed {
+        row.updated_at = time::now();
+        row = store::update_store(&mut tx, &row).await?;
+    }
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// Archives store `store_id` of the workspace under its row lock:
+/// idempotent (an archived store is returned as it is) and final.
+pub async fn archive_store(
+    conn: &mut PgConnection,
+    workspace_id: &str,
+    store_id: &str,
+) -> ApiResult<StoreRow> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let mut row = store::lock_store(&mut tx, workspace_id, store_id)
+        .await?
+        .ok_or_else(|| store_not_found(store_id))?;
+    if row.archived_at.is_none() {
+        let now = time::now();
+        row.archived_at = Some(now);
+        row.updated_at = now;
+        row = store::update_store(&mut tx, &row).await?;
+    }
     tx.commit().await?;
     Ok(row)
 }

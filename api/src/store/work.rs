@@ -216,9 +216,16 @@ pub async fn find_by_token(
         .await
 }
 
-/// The claim statement's text, shared with the bench's EXPLAIN.
-/// Parameters: environment id, key id, now, reclaim cutoff, token digest.
+/// The claim statement's text, for the bench's EXPLAIN only (feature
+/// `bench-hooks`; [`claim`] is its one user otherwise).
+#[cfg(feature = "bench-hooks")]
 pub fn claim_statement() -> &'static str {
+    claim_sql()
+}
+
+/// The claim statement's text.
+/// Parameters: environment id, key id, now, reclaim cutoff, token digest.
+fn claim_sql() -> &'static str {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "WITH key AS (
@@ -269,7 +276,7 @@ pub async fn claim(
     reclaim_after: Duration,
     token_sha256: &[u8],
 ) -> sqlx::Result<Option<WorkRow>> {
-    sqlx::query_as(claim_statement())
+    sqlx::query_as(claim_sql())
         .bind(environment_id)
         .bind(key_id)
         .bind(now)

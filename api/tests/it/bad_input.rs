@@ -303,6 +303,60 @@ async fn wrong_types_unknown_fields_and_unknown_enum_values_are_400(db: sqlx::Pg
         .expect(200);
 }
 
+/// A 400 `invalid_parameter` whose message starts with the offending field's path.
+#[track_caller]
+fn assert_names_path(r: &Reply, path: &str, says: &str, what: &str) {
+    assert_400(r, "invalid_parameter", what);
+    let message = r.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("{path}: ")) && message.contains(says),
+        "{what}: the message names {path:?} and says {says:?}: {message}"
+    );
+}
+
+/// A wrong type or an unknown field, at the top of a body or nested in it,
+/// is refused in the envelope with the field's path leading the message, and
+/// nothing is stored. (A wrong type inside a tagged object, such as a
+/// resource, is named by that object's path: `resources[0]`.)
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn wrong_types_and_unknown_fields_name_their_path(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    let agent = app.create_agent("a").await;
+    let s = app.create_session_for(&agent).await;
+    let env = app.env_id.clone();
+    let ws = app.ws_key.clone();
+    let events = format!("/v1/sessions/{s}/events");
+    let resource = |fields: Value| {
+        let mut r = json!({"type": "memory_store", "memory_store_id": "memstore_x"});
+        r.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        json!({"agent": agent, "environment_id": env, "resources": [r]})
+    };
+    #[rustfmt::skip]
+    let cases: Vec<(&str, String, Value, &str, &str)> = vec![
+        ("agent is a number", "/v1/sessions".into(), json!({"agent": 5, "environment_id": env}), "agent", "must be an agent id"),
+        ("agent.id is a number", "/v1/sessions".into(), json!({"agent": {"id": 5}, "environment_id": env}), "agent", "invalid type: integer `5`, expected a string"),
+        ("environment_id is a number", "/v1/sessions".into(), json!({"agent": agent, "environment_id": 7}), "environment_id", "expected a string"),
+        ("title is a list", "/v1/sessions".into(), json!({"agent": agent, "environment_id": env, "title": ["t"]}), "title", "expected a string"),
+        ("resources is a string", "/v1/sessions".into(), json!({"agent": agent, "environment_id": env, "resources": "memstore_x"}), "resources", "expected a sequence"),
+        ("memory_store_id is a number", "/v1/sessions".into(), resource(json!({"memory_store_id": 5})), "resources[0]", "invalid type: integer `5`, expected a string"),
+        ("unknown session field", "/v1/sessions".into(), json!({"agent": agent, "environment_id": env, "owner": "me"}), "owner", "unknown field"),
+        ("unknown resource field", "/v1/sessions".into(), resource(json!({"mode": "rw"})), "resources[0].mode", "unknown field"),
+        ("event content is a string", events.clone(), json!({"events": [{"type": "user.message", "content": "hi"}]}), "events[0].content", "expected a sequence"),
+        ("unknown content block field", events.clone(), json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": "hi", "lang": "en"}]}]}), "events[0].content[0].lang", "unknown field"),
+        ("memory store name is a number", "/v1/memory_stores".into(), json!({"name": 5}), "name", "expected a string"),
+    ];
+    let before = stored(&app).await;
+    for (what, path, body, field, says) in &cases {
+        let r = app
+            .call(Method::POST, path, Some(&ws), Some(body.clone()))
+            .await;
+        assert_names_path(&r, field, says, what);
+        assert_eq!(stored(&app).await, before, "{what} stored something");
+    }
+}
+
 // ------------------------------------------------------------------ heartbeat parameters
 
 async fn lease_seconds(app: &TestApp, id: &str) -> f64 {
@@ -785,6 +839,11 @@ async fn stored(app: &TestApp) -> Value {
         "session_tool_calls",
         "outbox",
         "worker_sightings",
+        "memory_stores",
+        "memories",
+        "memory_versions",
+        "skills",
+        "skill_versions",
     ] {
         let rows: Value = sqlx::query_scalar(&format!(
             "SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY to_jsonb(t)::text), '[]') FROM {table} t"
@@ -843,9 +902,15 @@ async fn a_nul_in_any_body_string_is_400_and_stores_nothing(db: sqlx::PgPool) {
         .map(|e| e["id"].as_str().unwrap().to_string())
         .collect();
     let queued = app.create_check().await;
+    let memstore = app.create_store("notes").await;
+    let memory = app.create_memory(&memstore, "/kept.md", "kept").await;
+    let memory = memory["id"].as_str().unwrap();
 
     let ws = app.ws_key.clone();
     let events = format!("/v1/sessions/{s}/events");
+    let store = format!("/v1/memory_stores/{memstore}");
+    let memories = format!("{store}/memories");
+    let one_memory = format!("{memories}/{memory}");
     let env = format!("/v1/environments/{}", app.env_id);
     let tool_result = |call: &str, text: &str| {
         json!({"events": [{"type": "user.tool_result", "tool_use_id": call, "is_error": false,
@@ -879,6 +944,14 @@ async fn a_nul_in_any_body_string_is_400_and_stores_nothing(db: sqlx::PgPool) {
         ("Session title", "/v1/sessions".into(), ws.clone(), session(json!({"title": "t\0"}))),
         ("Session metadata key", "/v1/sessions".into(), ws.clone(), session(json!({"metadata": {"\0k": "v"}}))),
         ("Session metadata value", "/v1/sessions".into(), ws.clone(), session(json!({"metadata": {"k": "v\0"}}))),
+        ("Memory Store name on create", "/v1/memory_stores".into(), ws.clone(), json!({"name": "s\0"})),
+        ("Memory Store description on create", "/v1/memory_stores".into(), ws.clone(), json!({"name": "s", "description": "d\0"})),
+        ("Memory Store name on update", store.clone(), ws.clone(), json!({"name": "\0s"})),
+        ("Memory Store description on update", store.clone(), ws.clone(), json!({"description": "\0"})),
+        ("memory path on create", memories.clone(), ws.clone(), json!({"path": "/a\0.md", "content": "c"})),
+        ("memory content on create", memories.clone(), ws.clone(), json!({"path": "/b.md", "content": "c\0"})),
+        ("memory path on update", one_memory.clone(), ws.clone(), json!({"path": "/c\0.md"})),
+        ("memory content on update", one_memory.clone(), ws.clone(), json!({"content": "\0"})),
     ];
     let before = stored(&app).await;
     for (what, path, cred, body) in &cases {

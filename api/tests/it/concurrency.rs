@@ -10,7 +10,7 @@ use futures::future::join_all;
 use futures::StreamExt;
 use mango_api::lease::Lease;
 use mango_api::store::{keys, work};
-use mango_api::{ids, server, ApiContext, Settings};
+use mango_api::{ids, Settings};
 use mango_protocol::time::{self, Timestamp};
 use mango_protocol::WorkType as Kind;
 use reqwest::Method;
@@ -926,19 +926,8 @@ async fn long_poll_wakes_up_when_work_is_created(db: PgPool) {
 async fn long_poll_wake_ups_cross_replicas(db: PgPool) {
     let pool = bigger_pool(&db, 16).await;
     let app = TestApp::start(pool.clone()).await;
-    let ctx_b = ApiContext::new(pool.clone(), Settings::default());
-    let b_listening = ctx_b.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base_b = format!("http://{}", listener.local_addr().unwrap());
-    let (stop_b, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server_b = tokio::spawn(async move {
-        server::serve(ctx_b, listener, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
-    b_listening.until_listening().await;
+    let replica_b = app.second_process().await;
+    let base_b = replica_b.base.clone();
     let base_a = app.base.clone();
     let poll_path = app.work_path("/poll?block_ms=999");
     let create = |base: String| {
@@ -1010,8 +999,8 @@ async fn long_poll_wake_ups_cross_replicas(db: PgPool) {
     );
     assert_eq!(winners[0]["id"].as_str(), Some(id.as_str()));
 
-    drop(stop_b);
-    let _ = tokio::time::timeout(Duration::from_secs(5), server_b).await;
+    let _ = replica_b.stop(Duration::from_secs(5)).await;
+    drop(replica_b);
     finish(app, pool).await;
 }
 

@@ -6,7 +6,7 @@
 
 use mango_testkit::*;
 
-use mango_api::{server, ApiContext, Settings};
+use mango_api::ApiContext;
 use mango_testkit::append_agent_events;
 use serde_json::json;
 use sqlx::postgres::PgListener;
@@ -116,23 +116,6 @@ async fn a_process_alone_delivers_its_own_commits_without_notifying(db: PgPool) 
     assert_eq!(second.json()["type"], "agent.message");
 }
 
-/// Starts a second api process on the database: its context and a stop handle.
-async fn second_process(db: &PgPool) -> (ApiContext, tokio::sync::oneshot::Sender<()>) {
-    let pool = mango_api::db::api_pool(db, 4).await.unwrap();
-    let ctx = ApiContext::new(pool, Settings::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = ctx.clone();
-    tokio::spawn(async move {
-        let _ = server::serve(serving, listener, async {
-            let _ = stopped.await;
-        })
-        .await;
-    });
-    ctx.until_listening().await;
-    (ctx, stop)
-}
-
 /// The processes' registry names, sorted as [`registered`] lists them.
 fn names(processes: &[&ApiContext]) -> Vec<String> {
     let mut names: Vec<String> = processes
@@ -153,8 +136,8 @@ async fn registered(db: &PgPool) -> Vec<String> {
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
     let app = TestApp::start(db).await;
-    let (b, stop_b) = second_process(&app.db).await;
-    assert_eq!(registered(&app.db).await, names(&[&app.ctx, &b]));
+    let b = app.second_process().await;
+    assert_eq!(registered(&app.db).await, names(&[&app.ctx, &b.ctx]));
 
     let mut observer = PgListener::connect_with(&app.db).await.unwrap();
     observer.listen("mango_events").await.unwrap();
@@ -168,12 +151,12 @@ async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
     // B exits: its row stays (its commits' readers are gone, so notifying
     // costs only a little) until a process registers and clears it.
     let (b_pid,): (i32,) = sqlx::query_as("SELECT backend_pid FROM listeners WHERE process = $1")
-        .bind(b.process.as_deref())
+        .bind(b.ctx.process.as_deref())
         .fetch_one(&app.db)
         .await
         .unwrap();
-    drop(stop_b);
-    b.db.close().await;
+    b.stop(Duration::from_secs(5)).await.unwrap();
+    b.ctx.db.close().await;
     timeout(Duration::from_secs(5), async {
         loop {
             let alive: bool =
@@ -191,10 +174,10 @@ async fn with_a_second_process_registered_the_first_notifies_again(db: PgPool) {
     .await
     .expect("B's LISTEN connection ends with it");
     assert_eq!(registered(&app.db).await.len(), 2, "B's row outlives it");
-    let (c, _stop_c) = second_process(&app.db).await;
+    let c = app.second_process().await;
     assert_eq!(
         registered(&app.db).await,
-        names(&[&app.ctx, &c]),
+        names(&[&app.ctx, &c.ctx]),
         "B's row was cleared"
     );
 }
@@ -255,7 +238,7 @@ async fn the_apis_own_statements_notify_as_the_triggers_would(db: PgPool) {
     );
 
     // Another process listens: the fenced result sends both notifications.
-    let (_b, _stop) = second_process(&app.db).await;
+    let _b = app.second_process().await;
     app.send_as(&s, &token, json!([tool_result(&call(1))]))
         .await
         .expect(200);

@@ -360,7 +360,13 @@ async fn bad_uploads_get_a_clear_error_and_leave_nothing(db: sqlx::PgPool) {
     refused(&r, 400, "invalid_parameter", "unknown form field \"bogus\"");
     let r = app.post_multipart("/v1/skills", &app.ws_key, &[]).await;
     refused(&r, 400, "invalid_skill", "files is required");
-    for (name, says) in [("", "must not be empty"), ("two\nlines", "single line")] {
+    // A NUL in display_name (PostgreSQL text cannot hold it) is refused before anything is stored.
+    for (name, says) in [
+        ("", "must not be empty"),
+        ("two\nlines", "single line"),
+        ("pdf\0tools", "must not contain the NUL character (U+0000)"),
+        ("\0", "must not contain the NUL character (U+0000)"),
+    ] {
         let r = app
             .post_multipart(
                 "/v1/skills",

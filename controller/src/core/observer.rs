@@ -4,6 +4,7 @@
 
 use crate::core::launcher::{ItemIdentity, Sandbox};
 use crate::core::metrics::Outcome;
+#[cfg(feature = "bench-hooks")]
 use crate::core::stages::Stamps;
 
 /// One thing that happened to an item or a workspace.
@@ -31,7 +32,10 @@ pub enum Happening<'a> {
     /// A deleted Session's workspace was removed.
     WorkspaceRemoved { session_id: &'a str },
     /// An item is done with (its sandbox gone, or its launch failed): when
-    /// each of its stages happened (`mango-bench supervisor` reads these).
+    /// each of its stages happened. Only for `mango-bench supervisor`
+    /// (feature `bench-hooks`); the stages are the supervisor's metrics and
+    /// its `item done` debug line otherwise.
+    #[cfg(feature = "bench-hooks")]
     Done {
         item: &'a ItemIdentity,
         stamps: &'a Stamps,

@@ -347,6 +347,7 @@ impl<L: Launcher> Shared<L> {
             .map(|(s, ms)| format!("{}={ms}ms", s.as_str()))
             .collect();
         tracing::debug!(work_id = %item.work_id, claim = item.claim, stages = %stages.join(" "), "item done");
+        #[cfg(feature = "bench-hooks")]
         self.observer.observe(Happening::Done { item, stamps });
     }
 

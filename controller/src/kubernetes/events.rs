@@ -91,6 +91,7 @@ pub fn describe(
             format!("the PVC of deleted Session {session_id} was removed"),
         ),
         // Its stage times are metrics, not news.
+        #[cfg(feature = "bench-hooks")]
         Happening::Done { .. } => return None,
     })
 }
