@@ -667,7 +667,9 @@ async fn a_workspace_key_revoked_within_its_lookup_reuse_is_refused_at_once(db: 
         .await
         .unwrap();
     let before = app.session_counts(&s).await;
-    let r = app.send_as(&s, &key, json!([user_message("revoked")])).await;
+    let r = app
+        .send_as(&s, &key, json!([user_message("revoked")]))
+        .await;
     r.expect(401);
     assert_eq!(app.session_counts(&s).await, before, "nothing stored");
     assert_eq!(counter(&app, "unlocked"), unlocked + 1);
