@@ -23,13 +23,14 @@ use bollard::models::{
     NetworkCreateRequest, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, ListVolumesOptions,
-    RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
+    ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions,
+    WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 const ENGINE: &str = "Docker engine";
@@ -424,6 +425,26 @@ impl Launcher for DockerLauncher {
             Some(Err(err)) if status_of(&err) == Some(404) => Ok(SandboxExit::Gone),
             Some(Err(err)) => Err(launch_error(err)),
             None => Ok(SandboxExit::Gone),
+        }
+    }
+
+    /// SIGTERM to the container: `docker-init`, its PID 1, passes it to the
+    /// runner.
+    async fn signal_stop(&self, sandbox: &Sandbox, _grace: Duration) -> Result<(), LaunchError> {
+        let killed = self
+            .docker
+            .kill_container(
+                &sandbox.handle,
+                Some(KillContainerOptions {
+                    signal: "SIGTERM".into(),
+                }),
+            )
+            .await;
+        match killed {
+            Ok(()) => Ok(()),
+            // Gone, or not running any more: nothing to ask.
+            Err(err) if matches!(status_of(&err), Some(404 | 409)) => Ok(()),
+            Err(err) => Err(launch_error(err)),
         }
     }
 

@@ -14,7 +14,7 @@ use crate::core::launcher::{
 };
 use crate::core::naming;
 use crate::core::secret::Secret;
-use rustix::process::{kill_process_group, test_kill_process, Pid, Signal};
+use rustix::process::{kill_process, kill_process_group, test_kill_process, Pid, Signal};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -288,6 +288,26 @@ impl Launcher for LocalLauncher {
             tokio::time::sleep(ADOPTED_POLL).await;
         }
         Ok(SandboxExit::Gone)
+    }
+
+    /// SIGTERM to the runner's process only (not its group: the runner ends
+    /// its own tools first, then flushes).
+    async fn signal_stop(&self, sandbox: &Sandbox, _grace: Duration) -> Result<(), LaunchError> {
+        let record = match self.read_record(&sandbox.name) {
+            Ok(record) => record,
+            Err(LaunchError::NotFound(_)) => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        let Some(pid) = record.pid.filter(|pid| self.is_runner(*pid)) else {
+            return Ok(());
+        };
+        match Pid::from_raw(pid).map(|p| kill_process(p, Signal::TERM)) {
+            Some(Ok(())) | Some(Err(rustix::io::Errno::SRCH)) | None => Ok(()),
+            Some(Err(e)) => Err(LaunchError::Unavailable {
+                engine: ENGINE,
+                message: format!("signalling runner {pid}: {e}"),
+            }),
+        }
     }
 
     async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {

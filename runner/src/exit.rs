@@ -28,6 +28,13 @@ pub enum Exit {
     /// The Session's pinned input is invalid: the Work was Failed, which
     /// terminated the Session.
     InputFailed = 6,
+    /// SIGTERM or SIGINT ended the item: its supervisor relaying a Stop, or
+    /// the sandbox shut down from outside (an eviction, `docker stop`). No
+    /// tool call was taken after it, the running one was cancelled, the
+    /// Memory Stores were flushed (push-only, bounded) and their folders and
+    /// `skills/` removed. The Work was stopped if a Stop was asked for;
+    /// otherwise its lease is left to expire, so Poll hands the item out again.
+    Signalled = 7,
 }
 
 impl From<Exit> for ExitCode {
@@ -47,6 +54,7 @@ impl Exit {
             Exit::LeftToExpire => "left_to_expire",
             Exit::Unreported => "unreported",
             Exit::InputFailed => "input_failed",
+            Exit::Signalled => "signalled",
         }
     }
 
@@ -61,6 +69,7 @@ impl Exit {
             LeftToExpire,
             Unreported,
             InputFailed,
+            Signalled,
         ]
         .into_iter()
         .find(|e| *e as i32 == code)
@@ -73,10 +82,10 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_none() {
-        for code in 0..=6 {
+        for code in 0..=7 {
             assert_eq!(Exit::from_code(code).map(|e| e as i32), Some(code));
         }
-        assert_eq!(Exit::from_code(7), None);
+        assert_eq!(Exit::from_code(8), None);
         assert_eq!(Exit::from_code(-1), None);
     }
 }

@@ -1,7 +1,8 @@
 //! The heartbeat keeper: the first heartbeat (NO_HEARTBEAT) claims the
 //! Work's lease before any tool runs, then a beat at most every TTL/2 keeps
 //! it, echoing the previous answer. Any sign the lease is gone cancels
-//! `lost`, which cancels running tools. (The lease and its rules are the
+//! `lost`, which cancels running tools. A stop signal makes it beat at once,
+//! to learn whether a Stop was asked for. (The lease and its rules are the
 //! api's; this only keeps it.)
 
 use mango_client::{Client, ClientError};
@@ -17,6 +18,11 @@ pub enum KeeperEnd {
     Released,
     /// The server asked the holder to stop (`stopping`, or not extended).
     StopRequested,
+    /// A stop signal came and the server had no Stop for the item (an
+    /// eviction, `docker stop`): the lease is still held, and the runner
+    /// leaves it to expire if the signal ended the work, so Poll hands the
+    /// item out again.
+    Interrupted,
     /// 412: another holder owns the lease. Never Stop it.
     Lost,
     /// The token is no longer accepted (401/403/404…).
@@ -29,7 +35,10 @@ pub enum KeeperEnd {
 impl KeeperEnd {
     /// May the runner still force-Stop the item on its way out?
     pub fn may_stop(&self) -> bool {
-        matches!(self, KeeperEnd::Released | KeeperEnd::StopRequested)
+        matches!(
+            self,
+            KeeperEnd::Released | KeeperEnd::StopRequested | KeeperEnd::Interrupted
+        )
     }
 }
 
@@ -71,17 +80,23 @@ impl HeartbeatKeeper {
     /// Renews until `done` is cancelled or the lease ends; cancels `lost` when
     /// the holder must stop working. Each beat is bounded by the time left on
     /// the lease, so a hung connection cannot outlive it; transient failures
-    /// are retried soon after, until the lease would run out.
+    /// are retried soon after, until the lease would run out. Once `signalled`
+    /// is cancelled it beats at once, once, within [`SIGNAL_BEAT_BOUND`], and
+    /// ends: [`KeeperEnd::StopRequested`] when the Work is stopping,
+    /// [`KeeperEnd::Interrupted`] when it is still active.
     pub async fn keep(
         &self,
         mut last: HeartbeatResponse,
         done: CancellationToken,
         lost: CancellationToken,
+        signalled: CancellationToken,
     ) -> KeeperEnd {
         let mut last_ok = Instant::now();
         let mut pause = interval(last.ttl_seconds);
         let end = loop {
             tokio::select! {
+                biased;
+                _ = signalled.cancelled() => break self.beat_once(&last).await,
                 _ = done.cancelled() => break KeeperEnd::Released,
                 _ = tokio::time::sleep(pause) => {}
             }
@@ -100,7 +115,12 @@ impl HeartbeatKeeper {
                 Some(&last.last_heartbeat),
                 None,
             );
-            match tokio::time::timeout(left, beat).await {
+            // A stop signal does not wait for a beat in flight.
+            let answered = tokio::select! {
+                answered = tokio::time::timeout(left, beat) => answered,
+                _ = signalled.cancelled() => break self.beat_once(&last).await,
+            };
+            match answered {
                 Ok(Ok(beat)) if beat.state == WorkState::Active && beat.lease_extended => {
                     last = beat;
                     last_ok = Instant::now();
@@ -116,12 +136,40 @@ impl HeartbeatKeeper {
             }
         };
         if end != KeeperEnd::Released {
-            tracing::warn!(work_id = %self.work_id, end = ?end, "lease ended; cancelling work");
+            if signalled.is_cancelled() {
+                tracing::info!(work_id = %self.work_id, end = ?end, "heartbeat after the stop signal");
+            } else {
+                tracing::warn!(work_id = %self.work_id, end = ?end, "lease ended; cancelling work");
+            }
             lost.cancel();
         }
         end
     }
+
+    /// The beat after a stop signal: was a Stop asked for?
+    async fn beat_once(&self, last: &HeartbeatResponse) -> KeeperEnd {
+        let beat = self.client.heartbeat(
+            &self.environment_id,
+            &self.work_id,
+            Some(&last.last_heartbeat),
+            None,
+        );
+        match tokio::time::timeout(SIGNAL_BEAT_BOUND, beat).await {
+            Ok(Ok(beat)) if beat.state == WorkState::Active && beat.lease_extended => {
+                KeeperEnd::Interrupted
+            }
+            Ok(Ok(_)) => KeeperEnd::StopRequested,
+            Ok(Err(err)) => classify(err),
+            Err(_) => KeeperEnd::Unreachable(format!(
+                "no heartbeat answer within {SIGNAL_BEAT_BOUND:?} of the stop signal"
+            )),
+        }
+    }
 }
+
+/// How long the beat after a stop signal may take (it runs beside the
+/// Memory flush, well inside [`crate::signal::EXIT_BOUND`]).
+pub const SIGNAL_BEAT_BOUND: Duration = Duration::from_secs(3);
 
 /// Stop working this long before the lease would run out: the server's clock decides.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
@@ -171,7 +219,7 @@ mod tests {
         let started = Instant::now();
         let end = tokio::time::timeout(
             Duration::from_secs(10),
-            keeper.keep(first, done, lost.clone()),
+            keeper.keep(first, done, lost.clone(), CancellationToken::new()),
         )
         .await
         .expect("the keeper gives up by itself");
@@ -188,6 +236,7 @@ mod tests {
     fn only_a_live_or_released_lease_may_be_stopped_by_its_holder() {
         assert!(KeeperEnd::Released.may_stop());
         assert!(KeeperEnd::StopRequested.may_stop());
+        assert!(KeeperEnd::Interrupted.may_stop());
         assert!(!KeeperEnd::Lost.may_stop());
         assert!(!KeeperEnd::Rejected("401".into()).may_stop());
         assert!(!KeeperEnd::Unreachable("down".into()).may_stop());

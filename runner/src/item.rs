@@ -1,14 +1,15 @@
 //! One acknowledged Work item in its sandbox (spec §8): identity from the
 //! environment, the Work secret once on stdin, the first heartbeat before
 //! any tool runs, then the Session's tools or the healthcheck probe, and a
-//! final Stop, Result or Fail.
+//! final Stop, Result or Fail. SIGTERM or SIGINT ([`crate::signal`]) ends
+//! the item as a graceful Stop does, within the supervisor's grace.
 
 use crate::exit::Exit;
-use crate::heartbeat::HeartbeatKeeper;
-use crate::memory::{self, Mounted};
+use crate::heartbeat::{HeartbeatKeeper, KeeperEnd};
+use crate::memory::{self, Mounted, END_BOUND, SIGNAL_FLUSH_BOUND};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{healthcheck, secret, session, skills};
+use crate::{healthcheck, secret, session, signal, skills};
 use anyhow::Context;
 use mango_client::Client;
 use std::path::PathBuf;
@@ -74,12 +75,37 @@ pub fn run(identity: Identity) -> ExitCode {
         .enable_all()
         .build()
         .expect("a runtime");
-    match runtime.block_on(run_item(identity)) {
-        Ok(exit) => exit.into(),
+    let exit = match runtime.block_on(run_item(identity)) {
+        Ok(exit) => exit,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "item runner failed");
-            Exit::Failed.into()
+            Exit::Failed
         }
+    };
+    // A blocking read of stdin abandoned (a stop signal before the secret
+    // came) must not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    tracing::info!(exit = exit.as_str(), code = exit as u8, "runner exiting");
+    exit.into()
+}
+
+/// After a stop signal the final Stop gets this long (the client's retries
+/// included), so the exit stays inside [`signal::EXIT_BOUND`].
+const SIGNAL_STOP_BOUND: Duration = Duration::from_secs(3);
+
+/// The runner's own forced Stop of its Work; bounded after a stop signal.
+async fn final_stop(client: &Client, id: &Identity, signalled: bool) {
+    let stop = client.stop(&id.environment_id, &id.work_id, true);
+    let stopped = if signalled {
+        match tokio::time::timeout(SIGNAL_STOP_BOUND, stop).await {
+            Ok(stopped) => stopped.map(|_| ()).map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {SIGNAL_STOP_BOUND:?}")),
+        }
+    } else {
+        stop.await.map(|_| ()).map_err(|e| e.to_string())
+    };
+    if let Err(err) = stopped {
+        tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
     }
 }
 
@@ -108,6 +134,8 @@ async fn prepare_inputs(
 }
 
 async fn run_item(id: Identity) -> anyhow::Result<Exit> {
+    // From the start: as PID 1 of a container the runner would ignore them.
+    let signalled = signal::listen();
     let session_id = match (id.work_type.as_str(), id.session_id.clone()) {
         ("healthcheck", _) => None,
         ("session", Some(session)) => Some(session),
@@ -119,9 +147,15 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             return Ok(Exit::UnknownWorkType);
         }
     };
-    let raw = secret::read_stdin(Duration::from_secs(id.secret_timeout_seconds))
-        .await
-        .context("reading the Work secret")?;
+    let raw = tokio::select! {
+        raw = secret::read_stdin(Duration::from_secs(id.secret_timeout_seconds)) => {
+            raw.context("reading the Work secret")?
+        }
+        _ = signalled.cancelled() => {
+            tracing::info!(work_id = %id.work_id, "asked to stop before the secret came");
+            return Ok(Exit::Signalled);
+        }
+    };
     let token = secret::sessions_token(&raw).context("decoding the Work secret")?;
     drop(raw);
     let client = Client::new(&id.base_url, &token);
@@ -132,7 +166,14 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         work_id: id.work_id.clone(),
     };
 
-    let first = match keeper.claim().await {
+    let claimed = tokio::select! {
+        claimed = keeper.claim() => claimed,
+        _ = signalled.cancelled() => {
+            tracing::info!(work_id = %id.work_id, "asked to stop before the lease was claimed; leaving it to expire");
+            return Ok(Exit::Signalled);
+        }
+    };
+    let first = match claimed {
         Ok(beat) => beat,
         Err(end) => {
             tracing::warn!(work_id = %id.work_id, end = ?end, "could not claim the lease");
@@ -141,7 +182,17 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     };
     tracing::info!(work_id = %id.work_id, ttl_seconds = first.ttl_seconds, "lease claimed");
     let (done, lost) = (CancellationToken::new(), CancellationToken::new());
-    let kept = keeper.keep(first, done.clone(), lost.clone());
+    // Work ends when the lease does, or at a stop signal: no call is taken
+    // after it and the running one is cancelled, as for a Stop.
+    let halt = lost.child_token();
+    tokio::spawn({
+        let (signalled, halt) = (signalled.clone(), halt.clone());
+        async move {
+            signalled.cancelled().await;
+            halt.cancel();
+        }
+    });
+    let kept = keeper.keep(first, done.clone(), lost.clone(), signalled.clone());
     if let Some(session_id) = session_id {
         let mut toolset = Toolset::new(ToolContext::new(&id.workspace));
         let mut memory = Mounted::none();
@@ -149,7 +200,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         let work = async {
             let prepared = tokio::select! {
                 prepared = prepare_inputs(&client, &session_id, &id.workspace, sync_interval) => Some(prepared),
-                _ = lost.cancelled() => None,
+                _ = halt.cancelled() => None,
             };
             let end = match prepared {
                 None => session::SessionEnd::LeaseEnded,
@@ -171,7 +222,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
                         &session_id,
                         &mut toolset,
                         Duration::from_secs(id.idle_after_end_turn_seconds),
-                        &lost,
+                        &halt,
                         &mut memory,
                     )
                     .await;
@@ -183,13 +234,21 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             };
             // The shell first, so nothing writes while the last syncs read.
             toolset.shutdown().await;
-            memory.end(end.is_clean()).await;
+            // After a stop signal the flush must fit inside the supervisor's grace.
+            let bound = if signalled.is_cancelled() {
+                SIGNAL_FLUSH_BOUND
+            } else {
+                END_BOUND
+            };
+            memory.end_within(end.is_clean(), bound).await;
             done.cancel();
             end
         };
         let (lease_end, session_end) = tokio::join!(kept, work);
-        tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, "session work ended");
         use session::SessionEnd;
+        // Ended by the stop signal (not by something that came before it).
+        let by_signal = signalled.is_cancelled() && session_end == SessionEnd::LeaseEnded;
+        tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, by_signal, "session work ended");
         if let SessionEnd::InvalidInput(why) = &session_end {
             let why = prepare::fail_message(why);
             // Fail stops the Work and terminates the Session in one step.
@@ -208,15 +267,18 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             );
         }
         // Ordinary exits force-Stop; a lost or unreachable lease, an
-        // undelivered result or an unavailable input is left to expire.
+        // undelivered result or an unavailable input is left to expire, and
+        // so is an item a signal ended with no Stop asked for (the sandbox
+        // shut down from outside): Poll hands it out again.
         let leave_to_expire = matches!(
             session_end,
             SessionEnd::ResultUndelivered(_) | SessionEnd::PreparationUnavailable(_)
-        );
+        ) || (by_signal && lease_end == KeeperEnd::Interrupted);
         if lease_end.may_stop() && !leave_to_expire {
-            if let Err(err) = client.stop(&id.environment_id, &id.work_id, true).await {
-                tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
-            }
+            final_stop(&client, &id, signalled.is_cancelled()).await;
+        }
+        if by_signal {
+            return Ok(Exit::Signalled);
         }
         return Ok(match session_end {
             SessionEnd::Rejected(_)
@@ -228,13 +290,21 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     let probe = async {
         let outcome = tokio::select! {
             outcome = healthcheck::probe(&id.workspace) => Some(outcome),
-            _ = lost.cancelled() => None,
+            _ = halt.cancelled() => None,
         };
         done.cancel();
         outcome
     };
     let (end, outcome) = tokio::join!(kept, probe);
     let Some(outcome) = outcome else {
+        if signalled.is_cancelled() {
+            // A Stop asked for is honoured; otherwise the check is reclaimed.
+            if end == KeeperEnd::StopRequested {
+                final_stop(&client, &id, true).await;
+            }
+            tracing::info!(work_id = %id.work_id, end = ?end, "stop signal before the probe finished");
+            return Ok(Exit::Signalled);
+        }
         tracing::warn!(work_id = %id.work_id, end = ?end, "lease ended before the probe finished");
         return Ok(Exit::LeftToExpire);
     };

@@ -4,7 +4,7 @@
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
-//! Stores, [`secret`] the hand-off.
+//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT.
 
 pub mod calls;
 pub mod exit;
@@ -15,5 +15,6 @@ pub mod memory;
 pub mod prepare;
 pub mod secret;
 pub mod session;
+pub mod signal;
 pub mod skills;
 pub mod tools;

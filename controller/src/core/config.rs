@@ -2,6 +2,14 @@
 
 use std::time::Duration;
 
+/// How long a signalled runner of a `stopping` item may take to exit: the
+/// runner's own bound after a stop signal (`mango_runner::signal::EXIT_BOUND`,
+/// 15 s: the running call cancelled, a Memory flush of at most 10 s, the
+/// final Stop), plus 5 s for the engine to report the exit. A Stop still
+/// ends in bounded time: the claims' period, then at most this.
+pub const STOPPING_GRACE: Duration =
+    Duration::from_secs(mango_runner::signal::EXIT_BOUND.as_secs() + 5);
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub environment_id: String,
@@ -30,8 +38,9 @@ pub struct Config {
     /// How often the claims of live items are read (a stopped or reclaimed
     /// item's sandbox is removed within this much).
     pub claims_every: Duration,
-    /// A `stopping` item's runner gets this long to notice and exit before
-    /// its sandbox is removed.
+    /// A `stopping` item's runner is signalled to stop at once and gets this
+    /// long to exit by itself before its sandbox is removed
+    /// ([`STOPPING_GRACE`] by default).
     pub stopping_grace: Duration,
     /// A Work its own runner ended (a healthcheck's Result stops it with no
     /// Stop asked for) gets this long for the runner to exit by itself
@@ -59,7 +68,7 @@ impl Config {
             hand_off_bound: Duration::from_secs(15),
             shutdown_grace: Duration::from_secs(30),
             claims_every: Duration::from_secs(2),
-            stopping_grace: Duration::from_secs(5),
+            stopping_grace: STOPPING_GRACE,
             finish_grace: Duration::from_secs(5),
             workspace_sweep_every: Duration::from_secs(300),
             first_backoff: Duration::from_millis(500),

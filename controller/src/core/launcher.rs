@@ -6,7 +6,7 @@ use crate::core::secret::Secret;
 use mango_protocol::WorkType;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Which item a sandbox serves: the non-secret identity of spec §7.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +123,17 @@ pub trait Launcher: Send + Sync + 'static {
         &self,
         sandbox: &Sandbox,
     ) -> impl Future<Output = Result<SandboxExit, LaunchError>> + Send;
+
+    /// Asks the sandbox's runner to stop (its Work is `stopping`): SIGTERM
+    /// to the runner, which ends the item as a graceful Stop does and exits
+    /// by itself. `grace` is how long the supervisor waits for that exit
+    /// before it removes the sandbox; an engine that kills after a grace of
+    /// its own gives it no less. A sandbox already gone is asked.
+    fn signal_stop(
+        &self,
+        sandbox: &Sandbox,
+        grace: Duration,
+    ) -> impl Future<Output = Result<(), LaunchError>> + Send;
 
     /// Removes the sandbox at once (zero grace: the runner has finished, or
     /// its Work was stopped or reclaimed), keeping a Session's workspace.

@@ -543,13 +543,17 @@ impl<L: Launcher> Shared<L> {
                     if changed.is_err() {
                         continue;
                     }
-                    match *verdict.borrow_and_update() {
+                    let now = *verdict.borrow_and_update();
+                    match now {
                         Verdict::Over => {
                             tracing::info!(%work_id, sandbox = %sandbox.name, "its Work stopped or was reclaimed; removing the sandbox");
                             break Outcome::Cancelled;
                         }
+                        // Its runner is asked now, not at its next heartbeat,
+                        // and gets the grace to end the item and exit.
                         Verdict::Stopping if stopping_ends.is_none() => {
                             stopping_ends = Some(tokio::time::Instant::now() + self.config.stopping_grace);
+                            self.signal_stop(sandbox).await;
                         }
                         // Its runner reported and is exiting: removing the
                         // sandbox now would cut its last steps short.
@@ -560,7 +564,7 @@ impl<L: Launcher> Shared<L> {
                     }
                 }
                 _ = sleep_until(stopping_ends) => {
-                    tracing::info!(%work_id, sandbox = %sandbox.name, "its Work is stopping and the runner did not exit; removing the sandbox");
+                    tracing::warn!(%work_id, sandbox = %sandbox.name, grace = ?self.config.stopping_grace, "its Work is stopping and the signalled runner did not exit; removing the sandbox");
                     break Outcome::Cancelled;
                 }
                 _ = sleep_until(finish_ends) => {
@@ -582,6 +586,30 @@ impl<L: Launcher> Shared<L> {
         self.observer
             .observe(Happening::Removed { sandbox, outcome });
         outcome
+    }
+
+    /// Asks the runner of a `stopping` item to stop, within the request
+    /// bound. A request that fails is logged; the grace runs all the same,
+    /// and the sandbox is removed after it.
+    async fn signal_stop(&self, sandbox: &Sandbox) {
+        let grace = self.config.stopping_grace;
+        let asked = tokio::time::timeout(
+            self.config.request_bound.min(grace),
+            self.launcher.signal_stop(sandbox, grace),
+        )
+        .await;
+        let work_id = &sandbox.item.work_id;
+        match asked {
+            Ok(Ok(())) => {
+                tracing::info!(%work_id, sandbox = %sandbox.name, ?grace, "its Work is stopping; asked its runner to stop")
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(%work_id, sandbox = %sandbox.name, error = %err, "could not ask the runner to stop; removing the sandbox after the grace")
+            }
+            Err(_) => {
+                tracing::warn!(%work_id, sandbox = %sandbox.name, "asking the runner to stop timed out; removing the sandbox after the grace")
+            }
+        }
     }
 
     /// Removes a sandbox, each request within the request bound, retrying

@@ -1,7 +1,8 @@
 //! The Kubernetes launcher: one hardened Pod per item, in the pool's
 //! namespace, owned by the pool; the Session's PVC created when missing;
-//! the secret over a one-shot attach of stdin once the container runs.
-//! Create-only calls throughout, so one claim never gets two Pods.
+//! the secret over a one-shot attach of stdin once the container runs; a
+//! graceful delete to ask the runner to stop, a delete with zero grace to
+//! remove it. Create-only calls throughout, so one claim never gets two Pods.
 
 use crate::core::launcher::{
     Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
@@ -297,6 +298,24 @@ impl Launcher for PodLauncher {
 
     async fn wait(&self, sandbox: &Sandbox) -> Result<SandboxExit, LaunchError> {
         Ok(self.store.until(&sandbox.name, exit_state).await)
+    }
+
+    /// Deletes the Pod with `grace`: the kubelet sends the runner SIGTERM,
+    /// and SIGKILL once the grace is over. (The removal that may follow is
+    /// a delete with zero grace, which cuts a grace still running short.)
+    async fn signal_stop(&self, sandbox: &Sandbox, grace: Duration) -> Result<(), LaunchError> {
+        let params = DeleteParams {
+            grace_period_seconds: Some(grace.as_secs_f64().ceil() as u32),
+            ..DeleteParams::default()
+        };
+        match self.pods.delete(&sandbox.name, &params).await {
+            Ok(_) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            Err(err) => Err(launch_error(
+                &format!("deleting Pod {} gracefully", sandbox.name),
+                err,
+            )),
+        }
     }
 
     async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {

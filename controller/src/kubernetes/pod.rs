@@ -28,6 +28,10 @@ pub const SANDBOX_UID: i64 = 65534;
 /// its secret, and is not adopted.
 pub const ANNOTATION_HANDED_OFF: &str = "mango.dev/handed-off";
 const DEFAULT_DEADLINE_SECONDS: i64 = 24 * 3600;
+/// The Pod's `terminationGracePeriodSeconds`: the supervisor's stopping
+/// grace, so the kubelet's SIGTERM leaves the runner the time a graceful
+/// Stop does, whoever deletes or evicts the Pod.
+pub const TERMINATION_GRACE_SECONDS: i64 = crate::core::config::STOPPING_GRACE.as_secs() as i64;
 const DEFAULT_TMP: &str = "64Mi";
 const DEFAULT_WORKSPACE_SIZE: &str = "1Gi";
 
@@ -340,7 +344,9 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
                 spec.active_deadline_seconds
                     .unwrap_or(DEFAULT_DEADLINE_SECONDS),
             ),
-            termination_grace_period_seconds: Some(0),
+            // A runner asked to stop (a Stop, an eviction, the deadline)
+            // ends its item and flushes its Memory Stores in this time.
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
             runtime_class_name: spec.runtime_class_name.clone(),
             node_selector: spec.node_selector.clone(),
             tolerations: spec.tolerations.clone(),

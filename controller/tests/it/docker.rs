@@ -185,7 +185,10 @@ async fn a_session_runs_hardened_and_its_next_activation_sees_its_files(db: sqlx
 }
 
 /// Stop of a running item removes its container within 15 s, whether the
-/// Stop is forced or lets the holder finish.
+/// Stop is forced or lets the holder finish. A graceful one reaches the
+/// runner as SIGTERM (through `docker-init`), and the runner exits by
+/// itself with 7 (`signalled`): within 15 s, which is shorter than the
+/// stopping grace after which the container would be removed by force.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn stop_of_a_running_item_removes_its_container_within_15_s(db: sqlx::PgPool) {
     let Some(engine) = engine::engine().await else {
@@ -219,6 +222,7 @@ async fn stop_of_a_running_item_removes_its_container_within_15_s(db: sqlx::PgPo
         let work_id = live_work(&api, &session).await;
         assert_eq!(engine.containers(&pool).await.len(), 1);
         let asked = Instant::now();
+        let since = chrono::Utc::now().timestamp().to_string();
         api.stop_work(&work_id, force).await;
         let left = engine.until_empty(&pool, Duration::from_secs(15)).await;
         assert!(
@@ -226,6 +230,10 @@ async fn stop_of_a_running_item_removes_its_container_within_15_s(db: sqlx::PgPo
             "force={force}: left after {:?}: {left:?}",
             asked.elapsed()
         );
+        if !force {
+            let died = engine.exit_codes(&pool, &since).await;
+            assert_eq!(died, ["7"], "the runner exited by itself after SIGTERM");
+        }
         until_stopped(&api, &work_id, Duration::from_secs(30)).await;
     }
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);

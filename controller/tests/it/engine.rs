@@ -5,8 +5,8 @@
 
 use bollard::models::{ContainerConfig, ContainerCreateBody, ContainerSummary};
 use bollard::query_parameters::{
-    CommitContainerOptions, CreateContainerOptions, ListContainersOptions, ListVolumesOptions,
-    RemoveContainerOptions, RemoveVolumeOptions,
+    CommitContainerOptions, CreateContainerOptions, EventsOptions, ListContainersOptions,
+    ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -96,6 +96,30 @@ impl Engine {
             }))
             .await
             .expect("containers are listed")
+    }
+
+    /// The exit codes of `pool`'s containers that died since `since` (Unix
+    /// seconds), from the engine's events: 137 for one killed by a removal.
+    pub async fn exit_codes(&self, pool: &str, since: &str) -> Vec<String> {
+        let until = (chrono::Utc::now().timestamp() + 1).to_string();
+        let events: Vec<_> = self
+            .docker
+            .events(Some(EventsOptions {
+                since: Some(since.to_string()),
+                until: Some(until),
+                filters: Some(HashMap::from([
+                    ("type".to_string(), vec!["container".to_string()]),
+                    ("event".to_string(), vec!["die".to_string()]),
+                    ("label".to_string(), vec![format!("mango.dev/pool={pool}")]),
+                ])),
+            }))
+            .collect()
+            .await;
+        events
+            .into_iter()
+            .map(|e| e.expect("an event"))
+            .filter_map(|e| e.actor?.attributes?.get("exitCode").cloned())
+            .collect()
     }
 
     /// Waits (at most `within`) until `pool` has no container; the names of

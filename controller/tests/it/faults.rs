@@ -154,6 +154,9 @@ impl Launcher for Gated {
     async fn wait(&self, sandbox: &Sandbox) -> Result<SandboxExit, LaunchError> {
         self.inner.wait(sandbox).await
     }
+    async fn signal_stop(&self, sandbox: &Sandbox, grace: Duration) -> Result<(), LaunchError> {
+        self.inner.signal_stop(sandbox, grace).await
+    }
     async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {
         self.inner.remove(sandbox).await
     }

@@ -8,6 +8,8 @@ use crate::support::{config, queued_session, until, Running};
 use http::Method;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
+use mango_controller::core::config::STOPPING_GRACE;
+use mango_controller::core::launcher::{ItemIdentity, Launcher, Sandbox};
 use mango_controller::core::supervisor::RunEnd;
 use mango_controller::kubernetes::crd::{SecretKeyRef, WorkerPool, WorkerPoolSpec};
 use mango_controller::kubernetes::launcher::PodLauncher;
@@ -21,10 +23,14 @@ const NS: &str = "sandboxes";
 const PODS_OF_POOL: &str = "/api/v1/namespaces/sandboxes/pods?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmango-worker%2Cmango.dev%2Fpool%3Dbuilders";
 
 fn pool(api: &TestApp) -> Arc<WorkerPool> {
+    pool_of(&api.env_id)
+}
+
+fn pool_of(environment_id: &str) -> Arc<WorkerPool> {
     let mut pool: WorkerPool = WorkerPool::new(
         "builders",
         serde_json::from_value::<WorkerPoolSpec>(json!({
-            "environmentId": api.env_id,
+            "environmentId": environment_id,
             "environmentKeySecret": SecretKeyRef { name: "pool-key".into(), key: None },
         }))
         .unwrap(),
@@ -138,6 +144,12 @@ async fn a_session_item_gets_its_pvc_and_pod_and_a_failed_attach_deletes_the_pod
         "pool-uid"
     );
     assert_eq!(pod.body["spec"]["containers"][0]["stdinOnce"], true);
+    // The kubelet's SIGTERM leaves the runner the stopping grace, whoever
+    // deletes or evicts the Pod.
+    assert_eq!(
+        pod.body["spec"]["terminationGracePeriodSeconds"],
+        STOPPING_GRACE.as_secs()
+    );
     assert_eq!(
         pod.body["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
         pvc
@@ -221,4 +233,61 @@ async fn a_second_create_for_a_claim_conflicts_and_is_not_retried(db: sqlx::PgPo
     .await;
     server.quiet(Duration::from_secs(1)).await;
     assert_eq!(supervisor.shutdown().await, RunEnd::Shutdown);
+}
+
+/// Asking a Pod's runner to stop (its Work is stopping) is one delete with
+/// the grace the supervisor then waits: the kubelet sends the runner
+/// SIGTERM, and SIGKILL once the grace is over. The removal, if the runner
+/// outlives it, stays a delete with zero grace, which cuts the first short;
+/// a Pod already gone is asked and removed.
+#[tokio::test]
+async fn asking_a_pods_runner_to_stop_deletes_it_with_the_grace_and_removal_with_none() {
+    let (client, mut server) = kube_mock::client();
+    let (store, _feed) = PodStore::new();
+    let launcher = PodLauncher::new(client, pool_of("env_1"), "mango-sandbox:test", store);
+    let sandbox = Sandbox {
+        name: "mango-work-1-1".into(),
+        handle: "mango-work-1-1".into(),
+        item: ItemIdentity {
+            work_id: "work_1".into(),
+            claim: 1,
+            environment_id: "env_1".into(),
+            work_type: mango_protocol::WorkType::Session,
+            session_id: Some("sesn_1".into()),
+        },
+    };
+    let uri = "/api/v1/namespaces/sandboxes/pods/mango-work-1-1?";
+    let deleting = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "mango-work-1-1", "namespace": NS,
+                     "deletionTimestamp": "2026-12-01T00:00:20Z", "deletionGracePeriodSeconds": 20}});
+    let (asked, ()) = tokio::join!(
+        launcher.signal_stop(&sandbox, Duration::from_secs(20)),
+        async {
+            let delete = server.expect(Method::DELETE, uri).await;
+            assert_eq!(
+                delete.body,
+                json!({"gracePeriodSeconds": 20}),
+                "a graceful delete and nothing else"
+            );
+            delete.respond(200, deleting.clone());
+        }
+    );
+    asked.expect("the runner was asked to stop");
+    let (removed, ()) = tokio::join!(launcher.remove(&sandbox), async {
+        let delete = server.expect(Method::DELETE, uri).await;
+        assert_eq!(delete.body, json!({"gracePeriodSeconds": 0}));
+        delete.respond(200, deleting.clone());
+    });
+    removed.expect("removed");
+    // A grace of a fraction of a second is not rounded down to none.
+    let (asked, ()) = tokio::join!(
+        launcher.signal_stop(&sandbox, Duration::from_millis(1500)),
+        async {
+            let delete = server.expect(Method::DELETE, uri).await;
+            assert_eq!(delete.body["gracePeriodSeconds"], 2);
+            delete.refuse(404, "NotFound", "pods \"mango-work-1-1\" not found");
+        }
+    );
+    asked.expect("a Pod already gone is asked");
+    server.quiet(Duration::from_millis(200)).await;
 }

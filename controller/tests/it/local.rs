@@ -201,3 +201,93 @@ async fn a_runner_that_reported_is_let_exit_by_itself(db: sqlx::PgPool) {
     );
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);
 }
+
+/// A graceful Stop while a tool call runs: the supervisor signals the
+/// runner at once (not at its next heartbeat, a minute away), and the
+/// runner cancels the call, flushes a Memory Store change no sync had
+/// seen, stops its Work and exits by itself (7, `signalled`) well within
+/// the stopping grace, so its sandbox is not removed by force.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_graceful_stop_signals_the_runner_which_flushes_and_exits_by_itself(db: sqlx::PgPool) {
+    let root = tempfile::tempdir().unwrap();
+    let mount_root = root.path().join("mnt");
+    let late = mount_root.join("stop-notes").join("late.md");
+    let model = ScriptedModel::start(vec![(
+        200,
+        mango_testkit::model_reply(
+            json!([{"type": "tool_use", "id": "t1", "name": "bash", "input": {"command":
+                format!("echo flushed-on-stop > '{}' && sleep 120", late.display())}}]),
+            "tool_use",
+        ),
+    )])
+    .await;
+    let api = TestApp::start_with(
+        db,
+        mango_api::Settings {
+            model_base_url: Some(model.base.clone()),
+            memory_mount_root: mount_root.display().to_string(),
+            ..Default::default()
+        },
+    )
+    .await;
+    let store = api.create_store("stop notes").await;
+    let session = api
+        .session_with_resources(
+            json!([{"type": "agent_toolset_20260401"}]),
+            json!([{"type": "memory_store", "memory_store_id": store, "access": "read_write"}]),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let launcher =
+        LocalLauncher::new(runner_command(), root.path().join("local"), "default").unwrap();
+    let config = config(&api, 2);
+    let grace = config.stopping_grace;
+    let running = Running::start(&api, config, launcher).await;
+    mango_testkit::turns::say(&api, &session, "go").await;
+    until(
+        "the call wrote into the store",
+        Duration::from_secs(60),
+        async || late.exists(),
+    )
+    .await;
+    assert!(
+        api.memory_at(&store, "/late.md").await.is_none(),
+        "not synced yet"
+    );
+    let (work_id, _) = api.session_work(&session).await.remove(0);
+    let asked = std::time::Instant::now();
+    api.stop_work(&work_id, false).await;
+    let name = mango_controller::core::naming::sandbox_name(&work_id, 1);
+    let record = root.path().join(format!("local/sandboxes/{name}.json"));
+    let runner_log = root.path().join(format!("local/logs/{name}.log"));
+    let log = || std::fs::read_to_string(&runner_log).unwrap_or_default();
+    while record.exists() {
+        assert!(
+            asked.elapsed() < grace,
+            "its sandbox is still there: {}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = asked.elapsed();
+    let log = log();
+    assert!(
+        took < Duration::from_secs(10),
+        "gone {took:?} after the Stop: {log}"
+    );
+    assert!(
+        log.contains(r#""signal":"SIGTERM""#) && log.contains(r#""exit":"signalled""#),
+        "the runner was signalled and exited by itself: {log}"
+    );
+    assert_eq!(
+        api.memory_at(&store, "/late.md").await.unwrap()["content"],
+        "flushed-on-stop\n"
+    );
+    assert_eq!(api.get_work(&work_id).await["state"], "stopped");
+    // The cancelled call has no result yet: the Session's next activation
+    // runs it again. It is not this test's.
+    end_activation(&api, &session).await;
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+}

@@ -4,9 +4,9 @@
 //! ones refused by `write` and `edit`. After tool calls the stores are
 //! reconciled at most every 15 s ([`sync::Store::sync`]). At the end, after
 //! the shell is gone: on a clean end one final full sync, then on every end
-//! a push-only flush that cannot pull or delete, each bounded by 30 s; then
-//! the folders are removed (one failing the marker check while it holds
-//! files is left for inspection).
+//! a push-only flush that cannot pull or delete, each bounded by 30 s (the
+//! flush by 10 s after a stop signal); then the folders are removed (one
+//! failing the marker check while it holds files is left for inspection).
 
 pub mod disk;
 pub mod sync;
@@ -24,6 +24,9 @@ use tokio::time::Instant;
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(15);
 /// Bound of the final sync, and separately of the flush.
 pub const END_BOUND: Duration = Duration::from_secs(30);
+/// Bound of the flush after a stop signal, which must fit inside the
+/// supervisor's grace ([`crate::signal::EXIT_BOUND`]).
+pub const SIGNAL_FLUSH_BOUND: Duration = Duration::from_secs(10);
 
 /// The stores of one Session, on disk.
 pub struct Mounted {
@@ -218,11 +221,16 @@ impl Mounted {
     /// `clean` end the final sync, then always the flush (each within
     /// [`END_BOUND`]); then the folders go.
     pub async fn end(&mut self, clean: bool) {
+        self.end_within(clean, END_BOUND).await
+    }
+
+    /// [`Mounted::end`] with the final sync and the flush each within `bound`.
+    pub async fn end_within(&mut self, clean: bool, bound: Duration) {
         if self.stores.is_empty() {
             return;
         }
         if clean
-            && tokio::time::timeout(END_BOUND, self.sync_all(true))
+            && tokio::time::timeout(bound, self.sync_all(true))
                 .await
                 .is_err()
         {
@@ -230,7 +238,7 @@ impl Mounted {
                 "the final memory sync was cut off; the flush still uploads changed files"
             );
         }
-        if tokio::time::timeout(END_BOUND, self.flush()).await.is_err() {
+        if tokio::time::timeout(bound, self.flush()).await.is_err() {
             tracing::warn!(
                 "the memory flush was cut off; files it had not uploaded yet are not saved"
             );

@@ -3,7 +3,7 @@
 //! store's mount path, the conflict matrix of a sync, a response lost after
 //! the server saved an upload, read-only roots, the marker's guard, the
 //! final sync and the push-only flush, and the real `mango-runner` doing it
-//! all around a Session's tool calls.
+//! all around a Session's tool calls, and flushing when a signal stops it.
 
 use mango_api::Settings;
 use mango_client::Client;
@@ -806,11 +806,125 @@ async fn a_deleted_store_fails_the_work_and_terminates_the_session(db: sqlx::PgP
     assert!(!root_of(&session, 0).exists());
 }
 
+/// A stop signal while a tool call runs, with a file the call wrote into a
+/// read_write store that no sync has seen (the sync interval is long): the
+/// runner cancels the call, flushes the file to the server, removes the
+/// folder and exits 7 (`signalled`) within its bound. With a Stop asked for
+/// first (the supervisor's case) the Work is stopped; with none (an
+/// eviction, `docker stop`) its lease is left to expire for Poll.
+async fn a_signal_flushes_unsynced_changes(db: sqlx::PgPool, stop_first: bool) {
+    let (api, _root) = api_with_root(db.clone()).await;
+    let store = api.create_store("signal notes").await;
+    api.create_memory(&store, "/known.md", "known").await;
+    let (session, work, _) = session_for(&api, &[(&store, "read_write")]).await;
+    let root = root_of(&session, 0);
+    let workspace = tempfile::tempdir().unwrap();
+    let runner = start_runner_with(
+        &api,
+        &work,
+        &session.id,
+        workspace.path(),
+        &[("MANGO_MEMORY_SYNC_INTERVAL_SECONDS", "600")],
+    );
+    let late = root.join("late.md");
+    let command = format!(
+        "echo written-before-the-signal > '{}' && sleep 120",
+        late.display()
+    );
+    append_agent_events(
+        &db,
+        &session.id,
+        vec![
+            json!({"type": "agent.tool_use", "name": "bash", "input": {"command": command}, "evaluated_permission": "allow"}),
+            json!({"type": "session.status_idle", "stop_reason": {"type": "requires_action"}}),
+        ],
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while read(&root, "late.md").is_none() {
+        assert!(Instant::now() < deadline, "the call never wrote its file");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        remote(&api, &store, "/late.md").await.is_none(),
+        "not synced yet"
+    );
+    if stop_first {
+        api.stop_work(&work.id, false).await;
+    }
+    let signalled = Instant::now();
+    let pid = rustix::process::Pid::from_child(&runner);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let out = tokio::task::spawn_blocking(move || runner.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let took = signalled.elapsed();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{log}");
+    assert!(
+        took < mango_runner::signal::EXIT_BOUND,
+        "exited {took:?} after the signal"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the sleep was cancelled: {took:?}"
+    );
+    assert_eq!(
+        remote(&api, &store, "/late.md").await.as_deref(),
+        Some("written-before-the-signal\n"),
+        "{log}"
+    );
+    assert!(!root.exists(), "the store folder is removed");
+    let stored = Client::new(&api.base, &api.ws_key)
+        .work(&api.env_id, &work.id)
+        .await
+        .unwrap();
+    let want = if stop_first {
+        WorkState::Stopped
+    } else {
+        WorkState::Active
+    };
+    assert_eq!(stored.state, want, "{log}");
+    // The cancelled call got no result: a reclaim runs it again.
+    let events = json_events(
+        Client::new(&api.base, &api.ws_key)
+            .all_events(&session.id)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        !events.iter().any(|e| e["type"] == "user.tool_result"),
+        "{events:?}"
+    );
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn sigterm_after_a_stop_flushes_the_stores_stops_the_work_and_exits_7(db: sqlx::PgPool) {
+    a_signal_flushes_unsynced_changes(db, true).await;
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn sigterm_with_no_stop_flushes_and_leaves_the_lease_to_expire(db: sqlx::PgPool) {
+    a_signal_flushes_unsynced_changes(db, false).await;
+}
+
 fn start_runner(
     api: &TestApp,
     work: &Work,
     session_id: &str,
     workspace: &Path,
+) -> std::process::Child {
+    start_runner_with(api, work, session_id, workspace, &[])
+}
+
+fn start_runner_with(
+    api: &TestApp,
+    work: &Work,
+    session_id: &str,
+    workspace: &Path,
+    env: &[(&str, &str)],
 ) -> std::process::Child {
     use std::io::Write;
     use std::process::{Command, Stdio};
@@ -824,6 +938,7 @@ fn start_runner(
         .env("MANGO_SESSION_ID", session_id)
         .env("MANGO_WORKSPACE", workspace)
         .env("MANGO_IDLE_AFTER_END_TURN_SECONDS", "1")
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
