@@ -7,6 +7,7 @@ use crate::ids;
 use crate::session_rules::{self, CallKind};
 use crate::store::sessions::SessionRow;
 use mango_protocol::events::{CallAnswer, Event, EventBody};
+use mango_protocol::sessions::SessionStatus;
 use mango_protocol::time::Timestamp;
 use serde_json::Value;
 use sqlx::{FromRow, PgConnection, PgExecutor};
@@ -43,11 +44,10 @@ impl LoggedEvent {
 }
 
 /// Appends events to a Session locked by [`super::sessions::lock`] in this
-/// transaction: assigns ids, `processed_at` and sequence numbers, records
-/// the tool calls that agent events open and the results and confirmations
-/// that close them, and moves the status projection. With
-/// `wake_agent_loop`, also writes the outbox row. All of it is one
-/// statement, so the Session lock is held for as few round trips as possible.
+/// transaction: assigns ids, `processed_at` and sequence numbers, moves the
+/// status projection and, with `wake_agent_loop`, writes the outbox row, in
+/// one statement; then, only for a batch that opens tool calls or answers
+/// them, records that in a second ([`record_calls`]).
 pub async fn append(
     db: &mut PgConnection,
     session: &mut SessionRow,
@@ -55,19 +55,26 @@ pub async fn append(
     wake_agent_loop: bool,
     now: Timestamp,
 ) -> sqlx::Result<Vec<LoggedEvent>> {
+    let mut batch = Batch::new(session, events, now);
+    let calls = std::mem::take(&mut batch.calls);
     let id = session.id.clone();
-    append_if_unchanged(db, session, events, wake_agent_loop, now)
+    let logged = write_log(db, session, batch, wake_agent_loop, now)
         .await?
         // The caller holds the row lock, so only a bug gets here.
-        .ok_or_else(|| sqlx::Error::Protocol(format!("session {id} changed under its row lock")))
+        .ok_or_else(|| sqlx::Error::Protocol(format!("session {id} changed under its row lock")))?;
+    if !calls.is_empty() {
+        record_calls(db, &id, &calls).await?;
+    }
+    Ok(logged)
 }
 
-/// [`append`] without the caller holding the Session's lock: the statement
-/// takes it, numbers the events after whatever was appended meanwhile, and
-/// writes nothing (`None`) unless the Session's status and archival are
-/// still what `session` says, the facts the caller decided on. The row lock
-/// is held until the statement's own commit, so sequence order stays commit
-/// order.
+/// [`append`] without the caller holding the Session's lock, for events that
+/// neither open nor answer a tool call (a caller that sends those takes the
+/// lock): the statement takes the lock, numbers the events after whatever
+/// was appended meanwhile, and writes nothing (`None`) unless the Session's
+/// status and archival are still what `session` says, the facts the caller
+/// decided on. The row lock is held until the statement's own commit, so
+/// sequence order stays commit order.
 pub async fn append_if_unchanged(
     db: &mut PgConnection,
     session: &mut SessionRow,
@@ -75,22 +82,56 @@ pub async fn append_if_unchanged(
     wake_agent_loop: bool,
     now: Timestamp,
 ) -> sqlx::Result<Option<Vec<LoggedEvent>>> {
-    let mut status = session.status;
-    let mut rows = EventColumns::default();
-    let mut calls = ToolCallWrites::default();
-    for body in events {
-        let event = Event {
-            id: ids::new_id("sevt"),
-            body,
-            processed_at: Some(now),
-        };
-        calls.record(&event);
-        status = session_rules::status_after(status, &event.body);
-        rows.types.push(event.body.type_name().to_string());
-        rows.ids.push(event.id.clone());
-        rows.bodies
-            .push(serde_json::to_value(&event).expect("an event serializes"));
+    let batch = Batch::new(session, events, now);
+    if !batch.calls.is_empty() {
+        return Err(sqlx::Error::Protocol(
+            "an append that opens or answers tool calls needs the Session's lock".into(),
+        ));
     }
+    write_log(db, session, batch, wake_agent_loop, now).await
+}
+
+/// The rows of a batch of events, and the Session status after them.
+struct Batch {
+    rows: EventColumns,
+    calls: ToolCallWrites,
+    status: SessionStatus,
+}
+
+impl Batch {
+    fn new(session: &SessionRow, events: Vec<EventBody>, now: Timestamp) -> Batch {
+        let mut batch = Batch {
+            rows: EventColumns::default(),
+            calls: ToolCallWrites::default(),
+            status: session.status,
+        };
+        for body in events {
+            let event = Event {
+                id: ids::new_id("sevt"),
+                body,
+                processed_at: Some(now),
+            };
+            batch.calls.record(&event);
+            batch.status = session_rules::status_after(batch.status, &event.body);
+            batch.rows.types.push(event.body.type_name().to_string());
+            batch.rows.ids.push(event.id.clone());
+            batch
+                .rows
+                .bodies
+                .push(serde_json::to_value(&event).expect("an event serializes"));
+        }
+        batch
+    }
+}
+
+async fn write_log(
+    db: &mut PgConnection,
+    session: &mut SessionRow,
+    batch: Batch,
+    wake_agent_loop: bool,
+    now: Timestamp,
+) -> sqlx::Result<Option<Vec<LoggedEvent>>> {
+    let Batch { rows, status, .. } = batch;
     let last_seq: Option<i64> = sqlx::query_scalar(APPEND)
         .bind(&session.id)
         .bind(&rows.ids)
@@ -101,15 +142,6 @@ pub async fn append_if_unchanged(
         .bind(wake_agent_loop)
         .bind(session.status.as_str())
         .bind(session.archived_at)
-        .bind(&calls.opened_ids)
-        .bind(&calls.opened_kinds)
-        .bind(&calls.opened_names)
-        .bind(&calls.opened_threads)
-        .bind(&calls.opened_permissions)
-        .bind(&calls.answered_calls)
-        .bind(&calls.answered_by)
-        .bind(&calls.confirmed_calls)
-        .bind(&calls.confirmations)
         .fetch_optional(&mut *db)
         .await?;
     let Some(last_seq) = last_seq else {
@@ -130,16 +162,14 @@ pub async fn append_if_unchanged(
     ))
 }
 
-/// [`append_if_unchanged`]'s statement. The UPDATE takes the Session's row
-/// lock (waiting for a writer that holds it) and re-checks the fence on the
-/// row as that writer left it; the events are numbered after its `last_seq`
-/// in their order. An `UNNEST` of empty arrays writes nothing, so one
-/// statement serves every mix of events.
+/// [`write_log`]'s statement. The UPDATE takes the Session's row lock
+/// (waiting for a writer that holds it) and re-checks the fence on the row
+/// as that writer left it; the events are numbered after its `last_seq` in
+/// their order.
 ///
 /// $1 session, $2–$4 the events' ids, types and bodies, $5 now, $6 the new
 /// status, $7 whether to write the outbox row, $8 the status and $9 the
-/// archival the caller decided on, $10–$14 opened calls, $15/$16 answered
-/// calls, $17/$18 confirmations.
+/// archival the caller decided on.
 const APPEND: &str = "WITH fence AS (
          UPDATE sessions SET last_seq = last_seq + cardinality($2::text[]), status = $6, updated_at = $5
          WHERE id = $1 AND status = $8 AND archived_at IS NOT DISTINCT FROM $9
@@ -150,28 +180,58 @@ const APPEND: &str = "WITH fence AS (
          SELECT fence.id, fence.last_seq - cardinality($2::text[]) + e.n, e.id, e.type, $5, e.body
          FROM fence, UNNEST($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS e(id, type, body, n)
      ),
-     opened AS (
-         INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
-         SELECT fence.id, c.id, c.kind, c.name, c.thread_id, c.permission
-         FROM fence, UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
-              AS c(id, kind, name, thread_id, permission)
-     ),
-     answered AS (
-         -- FROM fence: nothing is updated unless the fence moved.
-         UPDATE session_tool_calls t SET answered_by = a.event_id
-         FROM fence, UNNEST($15::text[], $16::text[]) AS a(call_id, event_id)
-         WHERE t.session_id = $1 AND t.id = a.call_id
-     ),
-     confirmed AS (
-         UPDATE session_tool_calls t SET confirmation = c.result
-         FROM fence, UNNEST($17::text[], $18::text[]) AS c(call_id, result)
-         WHERE t.session_id = $1 AND t.id = c.call_id
-     ),
      outbox AS (
          INSERT INTO outbox (session_id, last_seq, created_at)
          SELECT fence.id, fence.last_seq, $5 FROM fence WHERE $7
      )
      SELECT last_seq FROM fence";
+
+/// The tool calls a batch opened, and the results and confirmations that
+/// closed calls, in the appending transaction. A statement of its own, so
+/// the log's append (every event sent) does not carry three empty writes
+/// to `session_tool_calls`: their setup alone cost about a tenth of an
+/// admission (docs/performance.md, "Integrity before micro-gains").
+async fn record_calls(
+    db: &mut PgConnection,
+    session_id: &str,
+    calls: &ToolCallWrites,
+) -> sqlx::Result<()> {
+    sqlx::query(RECORD_CALLS)
+        .bind(session_id)
+        .bind(&calls.opened_ids)
+        .bind(&calls.opened_kinds)
+        .bind(&calls.opened_names)
+        .bind(&calls.opened_threads)
+        .bind(&calls.opened_permissions)
+        .bind(&calls.answered_calls)
+        .bind(&calls.answered_by)
+        .bind(&calls.confirmed_calls)
+        .bind(&calls.confirmations)
+        .execute(&mut *db)
+        .await?;
+    Ok(())
+}
+
+/// $1 session, $2–$6 opened calls, $7/$8 answered calls, $9/$10
+/// confirmations. An `UNNEST` of empty arrays writes nothing, so one
+/// statement serves every mix.
+const RECORD_CALLS: &str = "WITH opened AS (
+         INSERT INTO session_tool_calls (session_id, id, kind, name, thread_id, permission)
+         SELECT $1, c.id, c.kind, c.name, c.thread_id, c.permission
+         FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+              AS c(id, kind, name, thread_id, permission)
+     ),
+     answered AS (
+         UPDATE session_tool_calls t SET answered_by = a.event_id
+         FROM UNNEST($7::text[], $8::text[]) AS a(call_id, event_id)
+         WHERE t.session_id = $1 AND t.id = a.call_id
+     ),
+     confirmed AS (
+         UPDATE session_tool_calls t SET confirmation = c.result
+         FROM UNNEST($9::text[], $10::text[]) AS c(call_id, result)
+         WHERE t.session_id = $1 AND t.id = c.call_id
+     )
+     SELECT 1";
 
 #[derive(Default)]
 struct EventColumns {
@@ -199,6 +259,12 @@ struct ToolCallWrites {
 }
 
 impl ToolCallWrites {
+    fn is_empty(&self) -> bool {
+        self.opened_ids.is_empty()
+            && self.answered_calls.is_empty()
+            && self.confirmed_calls.is_empty()
+    }
+
     fn record(&mut self, event: &Event) {
         let opened = match &event.body {
             EventBody::AgentToolUse(call) => Some((
