@@ -190,8 +190,7 @@ impl Principal {
     }
 }
 
-/// How long Poll and Ack may reuse an Environment key lookup, and an
-/// operator's event send a Workspace key lookup.
+/// How long Poll and Ack may reuse an Environment key lookup.
 const KEY_LOOKUP_REUSE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Poll and Ack's authentication: an Environment key bound to `environment_id`.
@@ -225,30 +224,6 @@ pub async fn environment_key_for_lease(
     authenticate(ctx, conn, headers)
         .await?
         .environment_key(environment_id, what)
-}
-
-/// The Workspace key behind the request as this process looked it up less
-/// than two seconds ago, for an operator's event send only
-/// (`admission::admit_unlocked`). As for Poll, the reused lookup only
-/// identifies the key: the unlocked admission's read finds nothing once the
-/// key is revoked, and the request then takes the full path, which
-/// authenticates afresh.
-pub fn recent_workspace_key(ctx: &ApiContext, headers: &HeaderMap) -> Option<KeyRow> {
-    let secret = presented(headers).ok()?;
-    if !secret.starts_with(ids::WORKSPACE_KEY_PREFIX)
-        || headers.get("anthropic-workspace-id").is_some()
-    {
-        return None;
-    }
-    ctx.recent_key(&ids::sha256(&secret), KEY_LOOKUP_REUSE)
-        .filter(|key| key.kind == "workspace")
-}
-
-/// Remembers the Workspace key the request was just authenticated with.
-pub fn remember_workspace_key(ctx: &ApiContext, headers: &HeaderMap, key: &KeyRow) {
-    if let Ok(secret) = presented(headers) {
-        ctx.remember_key(ids::sha256(&secret), key.clone());
-    }
 }
 
 /// How long a worker's tool result may reuse a sessions token lookup.

@@ -152,7 +152,6 @@ async fn send_events(
         event_shapes::check_all(events)
     };
     let mut checked = None;
-    let mut tried_unlocked = false;
     let mut conn = ctx.db.acquire().await?;
     // A worker's next result, with the claim this process just saw.
     if let Some(work) = auth::recent_claim(&ctx, &headers) {
@@ -171,24 +170,8 @@ async fn send_events(
             checked = Some(events);
         }
     }
-    // An operator's next input, with the key this process looked up moments
-    // ago; the unlocked admission re-checks that it is not revoked.
-    if let Some(key) = auth::recent_workspace_key(&ctx, &headers) {
-        let events = parse()?;
-        let (workspace, operator) = (Some(key.workspace_id.as_str()), Sender::Operator);
-        if let Some(admitted) =
-            admission::admit_unlocked(&mut conn, &id, workspace, Some(&key.id), operator, &events)
-                .await?
-        {
-            return Ok(admitted_reply(&ctx, &id, admitted, AdmissionPath::Unlocked));
-        }
-        (checked, tried_unlocked) = (Some(events), true);
-    }
     let (sender, workspace, claim) = match authenticate(&ctx, &mut conn, &headers).await? {
-        Principal::Workspace(key) => {
-            auth::remember_workspace_key(&ctx, &headers, &key);
-            (Sender::Operator, Some(key.workspace_id), None)
-        }
+        Principal::Workspace(key) => (Sender::Operator, Some(key.workspace_id), None),
         Principal::Token(row) => {
             worker_may_use(&row, &id, "Sending events")?;
             auth::remember_claim(&ctx, &headers, &row);
@@ -216,16 +199,19 @@ async fn send_events(
             ));
         }
     }
-    let (workspace, settings) = (workspace.as_deref(), &ctx.settings);
-    let (admitted, path) = if tried_unlocked {
-        let admitted =
-            admission::send_locked(&mut conn, &id, workspace, sender, events, settings).await?;
-        (admitted, AdmissionPath::Locked)
+    let (admitted, locked) = admission::send(
+        &mut conn,
+        &id,
+        workspace.as_deref(),
+        sender,
+        events,
+        &ctx.settings,
+    )
+    .await?;
+    let path = if locked {
+        AdmissionPath::Locked
     } else {
-        match admission::send(&mut conn, &id, workspace, sender, events, settings).await? {
-            (admitted, true) => (admitted, AdmissionPath::Locked),
-            (admitted, false) => (admitted, AdmissionPath::Unlocked),
-        }
+        AdmissionPath::Unlocked
     };
     Ok(admitted_reply(&ctx, &id, admitted, path))
 }

@@ -137,24 +137,9 @@ pub async fn send(
     events: Vec<SentEvent>,
     settings: &Settings,
 ) -> ApiResult<(Admission, bool)> {
-    if let Some(admitted) =
-        admit_unlocked(db, session_id, workspace_id, None, sender, &events).await?
-    {
+    if let Some(admitted) = admit_unlocked(db, session_id, workspace_id, sender, &events).await? {
         return Ok((admitted, false));
     }
-    let admitted = send_locked(db, session_id, workspace_id, sender, events, settings).await?;
-    Ok((admitted, true))
-}
-
-/// [`send`]'s locking path: [`admit`] in a transaction that locks the Session.
-pub async fn send_locked(
-    db: &mut PgConnection,
-    session_id: &str,
-    workspace_id: Option<&str>,
-    sender: Sender,
-    events: Vec<SentEvent>,
-    settings: &Settings,
-) -> ApiResult<Admission> {
     let mut tx = sqlx::Connection::begin(&mut *db).await?;
     let (mut session, has_live_work) =
         sessions::lock_for_admission(&mut tx, session_id, workspace_id)
@@ -173,7 +158,7 @@ pub async fn send_locked(
     )
     .await?;
     tx.commit().await?;
-    Ok(admitted)
+    Ok((admitted, true))
 }
 
 /// The common case of input, without a locking transaction: the Session
@@ -184,13 +169,10 @@ pub async fn send_locked(
 /// anything [`admit`] must look into further (a Session not found or
 /// archived, a refusal, an answer to a tool call, input that needs a new
 /// activation, a Session that moved on meanwhile) gets its answer there.
-/// `recheck_key` names an operator's key identified by an earlier lookup
-/// (`auth::recent_workspace_key`): the read finds nothing once it is revoked.
 pub async fn admit_unlocked(
     db: &mut PgConnection,
     session_id: &str,
     workspace_id: Option<&str>,
-    recheck_key: Option<&str>,
     sender: Sender,
     events: &[SentEvent],
 ) -> ApiResult<Option<Admission>> {
@@ -199,7 +181,7 @@ pub async fn admit_unlocked(
         return Ok(None);
     }
     let Some((mut session, has_live_work)) =
-        sessions::read_for_admission(db, session_id, workspace_id, recheck_key).await?
+        sessions::read_for_admission(db, session_id, workspace_id).await?
     else {
         return Ok(None);
     };

@@ -127,27 +127,23 @@ pub async fn lock_for_admission(
     id: &str,
     workspace_id: Option<&str>,
 ) -> sqlx::Result<Option<(SessionRow, bool)>> {
-    admission_view(db, id, workspace_id, None, "FOR NO KEY UPDATE OF sessions").await
+    admission_view(db, id, workspace_id, "FOR NO KEY UPDATE OF sessions").await
 }
 
 /// [`lock_for_admission`]'s read without the lock, for an admission whose
 /// write is fenced on what it read ([`super::events::append_if_unchanged`]).
-/// With `live_key`, it also finds nothing unless that key is unrevoked, so a
-/// caller may identify the key from an earlier lookup.
 pub async fn read_for_admission(
     db: &mut PgConnection,
     id: &str,
     workspace_id: Option<&str>,
-    live_key: Option<&str>,
 ) -> sqlx::Result<Option<(SessionRow, bool)>> {
-    admission_view(db, id, workspace_id, live_key, "").await
+    admission_view(db, id, workspace_id, "").await
 }
 
 async fn admission_view(
     db: &mut PgConnection,
     id: &str,
     workspace_id: Option<&str>,
-    live_key: Option<&str>,
     locking: &str,
 ) -> sqlx::Result<Option<(SessionRow, bool)>> {
     let sql = format!(
@@ -155,14 +151,11 @@ async fn admission_view(
                 EXISTS (SELECT 1 FROM work w WHERE w.session_id = sessions.id
                           AND w.kind = 'session' AND w.state <> 'stopped') AS has_live_work
          FROM sessions WHERE id = $1 AND ($2::text IS NULL OR workspace_id = $2)
-           AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM api_keys k
-                                            WHERE k.id = $3 AND k.revoked_at IS NULL))
          {locking}"
     );
     let row: Option<LockedSession> = sqlx::query_as(&sql)
         .bind(id)
         .bind(workspace_id)
-        .bind(live_key)
         .fetch_optional(db)
         .await?;
     Ok(row.map(|r| (r.session, r.has_live_work)))
