@@ -361,6 +361,11 @@ struct OptionalMemory {
 /// a prefix ending in `/`) in byte order, strictly after `after`. A page
 /// reads one index range: the prefix's paths sort between the prefix and the
 /// prefix with its closing `/` raised to `0`.
+///
+/// With depth 0 (every memory below the prefix, what workers list) the keys
+/// are the paths, so the range is read from the cursor only as far as the
+/// page. With a depth, deeper paths roll up into prefixes that must be told
+/// apart first, which reads the rest of the range after the cursor.
 pub async fn list_memories(
     db: impl PgExecutor<'_>,
     filter: &MemoryFilter<'_>,
@@ -373,34 +378,56 @@ pub async fn list_memories(
     } else {
         "NULL::text"
     };
-    let sql = format!(
-        "WITH keys AS (
-             SELECT DISTINCT
-                    CASE WHEN $4 = 0 OR cardinality(string_to_array(substr(path, char_length($2) + 1), '/')) <= $4
-                         THEN path
-                         ELSE $2 || array_to_string((string_to_array(substr(path, char_length($2) + 1), '/'))[1:$4], '/') || '/'
-                    END COLLATE \"C\" AS key
-             FROM memories
-             WHERE memory_store_id = $1 AND path >= $2 AND path < $3
-               AND ($5::text IS NULL OR path > $5)
-         ),
-         page AS (
-             SELECT key FROM keys WHERE $5::text IS NULL OR key > $5 ORDER BY key LIMIT $6
-         )
-         SELECT page.key, m.id, m.memory_store_id, m.path, {content} AS content, m.content_sha256,
-                m.content_size_bytes, m.memory_version_id, m.created_at, m.updated_at
-         FROM page LEFT JOIN memories m ON m.memory_store_id = $1 AND m.path = page.key
-         ORDER BY page.key"
+    let columns = format!(
+        "m.id, m.memory_store_id, m.path, {content} AS content, m.content_sha256, \
+         m.content_size_bytes, m.memory_version_id, m.created_at, m.updated_at"
     );
-    let rows: Vec<ListedRow> = sqlx::query_as(&sql)
-        .bind(filter.store_id)
-        .bind(filter.prefix)
-        .bind(&upper)
-        .bind(filter.depth)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(db)
-        .await?;
+    let rows: Vec<ListedRow> = if filter.depth == 0 {
+        let sql = format!(
+            "SELECT m.path AS key, {columns}
+             FROM memories m
+             WHERE m.memory_store_id = $1 AND m.path >= $2 AND m.path < $3
+               AND ($4::text IS NULL OR m.path > $4)
+             ORDER BY m.path
+             LIMIT $5"
+        );
+        sqlx::query_as(&sql)
+            .bind(filter.store_id)
+            .bind(filter.prefix)
+            .bind(&upper)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(db)
+            .await?
+    } else {
+        let sql = format!(
+            "WITH keys AS (
+                 SELECT DISTINCT
+                        CASE WHEN cardinality(string_to_array(substr(path, char_length($2) + 1), '/')) <= $4
+                             THEN path
+                             ELSE $2 || array_to_string((string_to_array(substr(path, char_length($2) + 1), '/'))[1:$4], '/') || '/'
+                        END COLLATE \"C\" AS key
+                 FROM memories
+                 WHERE memory_store_id = $1 AND path >= $2 AND path < $3
+                   AND ($5::text IS NULL OR path > $5)
+             ),
+             page AS (
+                 SELECT key FROM keys WHERE $5::text IS NULL OR key > $5 ORDER BY key LIMIT $6
+             )
+             SELECT page.key, {columns}
+             FROM page LEFT JOIN memories m ON m.memory_store_id = $1 AND m.path = page.key
+             ORDER BY page.key"
+        );
+        sqlx::query_as(&sql)
+            .bind(filter.store_id)
+            .bind(filter.prefix)
+            .bind(&upper)
+            .bind(filter.depth)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(db)
+            .await?
+    };
     Ok(rows
         .into_iter()
         .map(|r| {
