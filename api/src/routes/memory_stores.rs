@@ -98,11 +98,10 @@ pub async fn store_access(
                     "{what} is not permitted with a healthcheck's sessions token"
                 )));
             };
-            let session = sessions::find(&mut *conn, None, &session_id)
+            let (workspace_id, resources) = sessions::resources(&mut *conn, &session_id)
                 .await?
                 .ok_or_else(|| store_not_found(id))?;
-            let access = session
-                .resources
+            let access = resources
                 .0
                 .iter()
                 .find_map(|r| match r {
@@ -112,7 +111,7 @@ pub async fn store_access(
                     _ => None,
                 })
                 .ok_or_else(|| store_not_found(id))?;
-            let row = store::find_store(&mut *conn, Some(&session.workspace_id), id)
+            let row = store::find_store(&mut *conn, Some(&workspace_id), id)
                 .await?
                 .ok_or_else(|| store_not_found(id))?;
             Ok((

@@ -99,6 +99,19 @@ pub async fn find(
         .await
 }
 
+/// What a sessions token's memory calls need of its Session: the workspace
+/// and the attached resources, without the Agent snapshot (which may pin
+/// hundreds of Skills and is read on every such call otherwise).
+pub async fn resources(
+    db: impl PgExecutor<'_>,
+    id: &str,
+) -> sqlx::Result<Option<(String, Json<Vec<SessionResource>>)>> {
+    sqlx::query_as("SELECT workspace_id, resources FROM sessions WHERE id = $1")
+        .bind(id)
+        .fetch_optional(db)
+        .await
+}
+
 /// Locks the Session row for the rest of the transaction: admission, Fail and
 /// in-process appends serialize here, which numbers events in commit order.
 ///
