@@ -6,9 +6,10 @@
 //! running the agent without them. A retrieval that fails for a transient
 //! reason leaves the lease to expire, so the item is reclaimed and tried again.
 //!
-//! Custom Skills are materialized by [`crate::skills`]; Mango's api serves
-//! no Memory Stores yet, so today such an attachment ends the Work this way,
-//! loudly, rather than silently missing.
+//! Custom Skills are materialized by [`crate::skills`], and attached Memory
+//! Stores are downloaded by [`crate::memory`]; here a store is only checked
+//! to exist, so a missing one ends the Work this way, loudly, rather than
+//! silently missing.
 
 use mango_client::{Client, ClientError};
 use mango_protocol::agents::SkillKind;

@@ -128,6 +128,7 @@ impl Mounted {
                 )));
             }
             let read_only = m.access == Some(MemoryAccess::ReadOnly);
+            let started = Instant::now();
             let mut store = Store::new(m.memory_store_id.clone(), folder, read_only);
             let pulled = store.stamp_and_pull(client).await;
             mounted.stores.push(store);
@@ -136,7 +137,8 @@ impl Mounted {
                 return Err(retrieval(&m.memory_store_id, err));
             }
             tracing::info!(memory_store_id = %m.memory_store_id, root = %root.display(),
-                memories = mounted.stores.last().map_or(0, |s| s.baseline().len()), read_only, "memory store downloaded");
+                memories = mounted.stores.last().map_or(0, |s| s.baseline().len()), read_only,
+                elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "memory store downloaded");
         }
         mounted.last_sync = Instant::now();
         Ok(mounted)
@@ -180,9 +182,15 @@ impl Mounted {
         let outcomes = futures::future::join_all(self.stores.iter_mut().map(|store| {
             let client = client.clone();
             async move {
+                let started = Instant::now();
                 match store.sync(&client, last).await {
                     Ok(outcome) => {
-                        tracing::debug!(memory_store_id = %store.id, ?outcome, "memory store synced");
+                        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+                        if last {
+                            tracing::info!(memory_store_id = %store.id, ?outcome, elapsed_ms, "memory store synced for the last time");
+                        } else {
+                            tracing::debug!(memory_store_id = %store.id, ?outcome, elapsed_ms, "memory store synced");
+                        }
                         Some(outcome)
                     }
                     Err(err) => {

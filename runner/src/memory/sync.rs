@@ -35,6 +35,20 @@ const UPLOADS: usize = 32;
 const DELETE_CAP_FLOOR: usize = 8;
 const DELETE_CAP_CEILING: usize = 50;
 
+/// Scans `folder` on a blocking thread with `cache`; hands the cache back
+/// (empty if the thread failed, so everything is hashed afresh next time).
+async fn scan_folder(folder: Folder, mut cache: HashCache) -> (std::io::Result<Scan>, HashCache) {
+    let scanned = tokio::task::spawn_blocking(move || {
+        let scan = folder.scan(MARKER_PATH, MAX_CONTENT_BYTES, &mut cache);
+        (scan, cache)
+    })
+    .await;
+    match scanned {
+        Ok(done) => done,
+        Err(e) => (Err(std::io::Error::other(e)), HashCache::default()),
+    }
+}
+
 /// The marker's content for store `id`.
 pub fn marker_for(id: &str) -> Vec<u8> {
     format!("version 1\n{id}").into_bytes()
@@ -200,14 +214,7 @@ impl Store {
 
     /// Scans the folder off the async thread.
     async fn scan(&mut self) -> std::io::Result<Scan> {
-        let folder = self.folder.clone();
-        let mut cache = std::mem::take(&mut self.cache);
-        let (scan, cache) = tokio::task::spawn_blocking(move || {
-            let scan = folder.scan(MARKER_PATH, MAX_CONTENT_BYTES, &mut cache);
-            (scan, cache)
-        })
-        .await
-        .map_err(std::io::Error::other)?;
+        let (scan, cache) = scan_folder(self.folder.clone(), std::mem::take(&mut self.cache)).await;
         self.cache = cache;
         scan
     }
@@ -240,10 +247,14 @@ impl Store {
     pub async fn sync(&mut self, client: &Client, last: bool) -> Result<Outcome, ClientError> {
         self.pass += 1;
         let mut outcome = Outcome::default();
-        let scan = self
-            .scan()
-            .await
-            .map_err(|e| ClientError::Decode(format!("scanning the store folder: {e}")))?;
+        // The folder is scanned on a blocking thread while the server lists
+        // its memories: two independent reads, so a pass takes the longer
+        // of the two rather than both.
+        let scanning = scan_folder(self.folder.clone(), std::mem::take(&mut self.cache));
+        let ((scan, cache), remote) = tokio::join!(scanning, self.list(client));
+        self.cache = cache;
+        let scan =
+            scan.map_err(|e| ClientError::Decode(format!("scanning the store folder: {e}")))?;
         if !self.marker_ok(&scan) {
             if !scan.files.is_empty() {
                 tracing::warn!(memory_store_id = %self.id, root = %self.folder.root().display(),
@@ -257,7 +268,7 @@ impl Store {
             return Ok(outcome);
         }
         let local = scan.files;
-        let remote = self.list(client).await?;
+        let remote = remote?;
         self.settle_sent(&remote);
         if local.is_empty() && self.baseline.len() > 1 {
             self.recover(client, "every file of the store vanished at once")

@@ -254,6 +254,7 @@ pub async fn materialize(
     workspace: &Path,
     limits: Limits,
 ) -> Result<Option<SkillsTree>, PrepareError> {
+    let started = std::time::Instant::now();
     let pins = scope_pins(session, &limits)?;
     if pins.is_empty() {
         return Ok(None);
@@ -286,7 +287,8 @@ pub async fn materialize(
             root.display()
         )));
     }
-    tracing::info!(skills = pins.len(), path = %root.display(), "materialized the Session's Skills");
+    tracing::info!(skills = pins.len(), path = %root.display(),
+        elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "materialized the Session's Skills");
     Ok(Some(SkillsTree { root }))
 }
 
