@@ -1,5 +1,5 @@
 # The two entry points. See README.md.
-.PHONY: run test bench bench-supervisor bench-controller
+.PHONY: run test bench bench-inputs bench-supervisor bench-controller
 
 # Serve the API on the embedded default database, with an Environment, keys and a healthcheck.
 run:
@@ -14,6 +14,13 @@ test:
 bench:
 	@cargo build --release -q -p mango-runner -p mango-bench
 	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" target/release/mango-bench all
+
+# A Session's inputs (release build): 500 Skills materialized, a 10,000-file
+# Memory Store downloaded and one idle sync, by mango-runner vs the Python
+# SDK's worker code (.venv, see scripts/venv.sh) on the same server.
+bench-inputs:
+	@cargo build --release -q -p mango-runner -p mango-bench
+	@DATABASE_URL="$$(scripts/pg.sh)"; MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$DATABASE_URL}" target/release/mango-bench inputs
 
 # The supervisor benchmark (release build): its core with the Docker and the
 # local launcher against the bare container of the same image, and

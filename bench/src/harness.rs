@@ -38,10 +38,31 @@ pub struct Bench {
     pub client: tokio::runtime::Handle,
     publications: PublicationRoutes,
     observer_installed: std::sync::Once,
+    /// This run's files, under [`scratch_root`]: Skill archives
+    /// (`archives/`), the root Sessions mount their Memory Stores under
+    /// (`memory/`) and the inputs phase's workspaces; removed at teardown.
+    pub scratch: std::path::PathBuf,
 }
 
 /// The threads the simulated workers run on.
 pub const CLIENT_THREAD: &str = "bench-client";
+
+/// `MANGO_BENCH_SCRATCH`, else `/dev/shm` where it is a directory (a
+/// tmpfs), else the temporary directory. Memory rather than disk, because
+/// the inputs phase writes and removes tens of thousands of files per pass,
+/// and a disk mounted with online discard (as this machine's ext4 is) then
+/// slows every later file operation for a while, whichever side it is: the
+/// comparison is of the workers, not of the disk's TRIM backlog.
+pub fn scratch_root() -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("MANGO_BENCH_SCRATCH") {
+        return dir.into();
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        return shm.to_path_buf();
+    }
+    std::env::temp_dir()
+}
 
 async fn create_database(admin: &PgConnectOptions) -> anyhow::Result<String> {
     let suffix: String = rand::thread_rng()
@@ -106,7 +127,14 @@ impl Bench {
             .with_context(|| format!("could not connect to {db_name}"))?;
         MIGRATOR.run(&pool).await.context("migration failed")?;
 
-        let ctx = ApiContext::new(pool.clone(), Settings::default());
+        let scratch = scratch_root().join(&db_name);
+        let settings = Settings {
+            skill_archives: mango_api::skills::objects::Archives::local(&scratch.join("archives"))
+                .map_err(|e| anyhow::anyhow!("the Skill archive folder: {e}"))?,
+            memory_mount_root: scratch.join("memory").to_string_lossy().into_owned(),
+            ..Settings::default()
+        };
+        let ctx = ApiContext::new(pool.clone(), settings);
         // The harness asserts as it sets up: a failure panics its task, not
         // the bench, which then still drops its database. It returns once
         // the LISTEN connection is up, before anything relies on wake-ups.
@@ -128,6 +156,7 @@ impl Bench {
             client_rt: Mutex::new(Some(client_rt)),
             publications: PublicationRoutes::default(),
             observer_installed: std::sync::Once::new(),
+            scratch,
         })
     }
 
@@ -173,6 +202,10 @@ impl Bench {
             rt.shutdown_background();
         }
         self.app.db.close().await;
+        if self.scratch.exists() {
+            std::fs::remove_dir_all(&self.scratch)
+                .with_context(|| format!("removing {}", self.scratch.display()))?;
+        }
         if keep_db {
             eprintln!("kept database {}", self.db_name);
             return Ok(());

@@ -193,6 +193,31 @@ impl Api {
         .await
     }
 
+    /// Creates an idle Session of `agent` attaching Memory Store `store`
+    /// read-write; returns its id and the store's `mount_path`.
+    pub async fn create_session_attaching(
+        &self,
+        agent: &str,
+        environment_id: &str,
+        store: &str,
+    ) -> anyhow::Result<(String, String)> {
+        let reply = self
+            .http
+            .post(format!("{}/sessions", self.v1()))
+            .bearer_auth(&self.ws_key)
+            .json(&json!({"agent": agent, "environment_id": environment_id,
+                "resources": [{"type": "memory_store", "memory_store_id": store, "access": "read_write"}]}))
+            .send()
+            .await?;
+        let session: Value =
+            serde_json::from_slice(&expect(reply, StatusCode::OK, "sessions").await?)?;
+        let id = session["id"].as_str().context("a Session without id")?;
+        let mount = session["resources"][0]["mount_path"]
+            .as_str()
+            .context("the attached store has no mount_path")?;
+        Ok((id.to_string(), mount.to_string()))
+    }
+
     /// Sends one `user.message` carrying `text` to Session `session` with the Workspace key.
     pub async fn send_message(&self, session: &str, text: &str) -> anyhow::Result<()> {
         let reply = self

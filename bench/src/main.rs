@@ -20,6 +20,12 @@
 //!   server; it needs no database. Its last line:
 //!   `controller_floor_cpu_ms_per_item=… controller_cpu_ratio=…
 //!   controller_cpu_ms_per_item=… controller_rss_mib=…`.
+//! * `inputs` (not part of `all`, `make bench-inputs`): a Session's inputs
+//!   made ready by `mango-runner` and by the Python SDK's worker code on
+//!   the same server: 500 pinned Skills materialized, a 10,000-memory store
+//!   downloaded, one idle sync pass, and the runner's peak RSS; its last
+//!   line: `skills_ratio=… store_download_ratio=… idle_sync_ratio=…
+//!   runner_inputs_rss_mib=…`;
 //! * `supervisor` (not part of `all`: it needs a Docker engine and the
 //!   sandbox image for its Docker half, `make bench-supervisor`): the
 //!   supervisor core with the Docker and the local launcher, 20 healthchecks
@@ -44,6 +50,7 @@ mod depth;
 mod events;
 mod harness;
 mod http;
+mod inputs;
 mod lease;
 mod measure;
 mod runner;
@@ -153,6 +160,17 @@ struct Cli {
         global = true
     )]
     sandbox_image: String,
+    /// Skills the Session pins (inputs; at most the 500 scope-pins a
+    /// Session may have, spec §9).
+    #[arg(long, default_value_t = 500, global = true)]
+    input_skills: usize,
+    /// Memories of the attached store (inputs).
+    #[arg(long, default_value_t = 10_000, global = true)]
+    input_memories: usize,
+    /// Rounds of the inputs phase, each side once per stage per round; the
+    /// medians are compared.
+    #[arg(long, default_value_t = 3, global = true)]
+    input_rounds: usize,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -179,6 +197,11 @@ enum Command {
     Controller,
     /// The lease, wake, depth, events and runner phases (the default).
     All,
+    /// A Session's inputs made ready: 500 Skills materialized, a
+    /// 10,000-file Memory Store downloaded, one idle sync, by the runner vs
+    /// the Python SDK's worker code, and the runner's peak RSS (needs
+    /// target/release/mango-runner; the SDK half needs .venv). Not part of `all`.
+    Inputs,
     /// The supervisor core with the Docker and the local launcher vs the
     /// bare container of the same image, and `mango-worker`'s peak RSS
     /// (needs target/release/mango-runner and mango-worker; the Docker half
@@ -194,6 +217,7 @@ struct Summary {
     events: Option<events::EventsResult>,
     runner: Option<runner::RunnerResult>,
     supervisor: Option<supervisor::SupervisorResult>,
+    inputs: Option<inputs::InputsResult>,
 }
 
 impl Summary {
@@ -274,6 +298,9 @@ impl Summary {
             let (ok, of) = s.concurrent_ok();
             parts.push(format!("concurrent_ok={ok}/{of}"));
         }
+        if let Some(i) = &self.inputs {
+            parts.push(i.line());
+        }
         parts.join(" ")
     }
 }
@@ -345,6 +372,14 @@ async fn run(
         };
         summary.supervisor = Some(supervisor::run(bench, &opts, docker).await?);
     }
+    if command == Command::Inputs {
+        let opts = inputs::Options {
+            skills: cli.input_skills,
+            memories: cli.input_memories,
+            rounds: cli.input_rounds,
+        };
+        summary.inputs = Some(inputs::run(bench, &opts).await?);
+    }
     Ok(summary)
 }
 
@@ -377,6 +412,14 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
     anyhow::ensure!(
         cli.supervisor_items > 0 && cli.supervisor_concurrent > 0,
         "--supervisor-items and --supervisor-concurrent must be at least 1"
+    );
+    anyhow::ensure!(
+        (1..=500).contains(&cli.input_skills),
+        "--input-skills must be from 1 to 500 (a Session's scope-pins)"
+    );
+    anyhow::ensure!(
+        cli.input_memories > 0 && cli.input_rounds > 0,
+        "--input-memories and --input-rounds must be at least 1"
     );
     Ok(())
 }

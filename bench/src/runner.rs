@@ -108,7 +108,7 @@ impl Launch<'_> {
 }
 
 /// `mango-runner` next to this executable (both are built into target/release).
-fn locate_worker() -> anyhow::Result<PathBuf> {
+pub(crate) fn locate_worker() -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()
         .context("cannot locate the bench executable")?
         .with_file_name("mango-runner");
@@ -123,9 +123,9 @@ fn locate_worker() -> anyhow::Result<PathBuf> {
 }
 
 /// `MANGO_BENCH_PYTHON`, else `.venv/bin/python` of the repository (created
-/// by `scripts/venv.sh`); `None`, with the reason printed, if it cannot run
-/// the SDK's `EnvironmentWorker`.
-async fn locate_python(driver: &Path) -> Option<PathBuf> {
+/// by `scripts/venv.sh`); `None`, with the reason printed (after `phase`),
+/// if it cannot run `driver --check`.
+pub(crate) async fn locate_python(driver: &Path, phase: &str) -> Option<PathBuf> {
     let python = match std::env::var_os("MANGO_BENCH_PYTHON") {
         Some(p) => PathBuf::from(p),
         None => {
@@ -141,7 +141,7 @@ async fn locate_python(driver: &Path) -> Option<PathBuf> {
                 Some(p) => p,
                 None => {
                     println!(
-                        "runner: SDK half skipped: no .venv/bin/python (create it with scripts/venv.sh, or set MANGO_BENCH_PYTHON)"
+                        "{phase}: SDK half skipped: no .venv/bin/python (create it with scripts/venv.sh, or set MANGO_BENCH_PYTHON)"
                     );
                     return None;
                 }
@@ -160,7 +160,7 @@ async fn locate_python(driver: &Path) -> Option<PathBuf> {
         Ok(out) if out.status.success() => Some(python),
         Ok(out) => {
             println!(
-                "runner: SDK half skipped: {} cannot import anthropic's EnvironmentWorker (install with scripts/venv.sh): {}",
+                "{phase}: SDK half skipped: {} cannot import what the SDK driver needs (install with scripts/venv.sh): {}",
                 python.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             );
@@ -168,7 +168,7 @@ async fn locate_python(driver: &Path) -> Option<PathBuf> {
         }
         Err(err) => {
             println!(
-                "runner: SDK half skipped: cannot run {}: {err}",
+                "{phase}: SDK half skipped: cannot run {}: {err}",
                 python.display()
             );
             None
@@ -177,11 +177,14 @@ async fn locate_python(driver: &Path) -> Option<PathBuf> {
 }
 
 /// A scratch directory removed on drop.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub PathBuf);
 
 impl Scratch {
-    fn new(name: &str) -> anyhow::Result<Scratch> {
-        let dir = std::env::temp_dir().join(name);
+    pub fn new(name: &str) -> anyhow::Result<Scratch> {
+        Scratch::new_in(&std::env::temp_dir(), name)
+    }
+    pub fn new_in(base: &Path, name: &str) -> anyhow::Result<Scratch> {
+        let dir = base.join(name);
         if dir.exists() {
             std::fs::remove_dir_all(&dir).ok();
         }
@@ -189,10 +192,10 @@ impl Scratch {
             .with_context(|| format!("creating {}", dir.display()))?;
         Ok(Scratch(dir))
     }
-    fn workspace(&self) -> PathBuf {
+    pub fn workspace(&self) -> PathBuf {
         self.0.join("workspace")
     }
-    fn log(&self) -> PathBuf {
+    pub fn log(&self) -> PathBuf {
         self.0.join("worker.log")
     }
 }
@@ -208,7 +211,7 @@ pub async fn run(bench: &Bench, opts: &Options) -> anyhow::Result<RunnerResult> 
     let scratch = Scratch::new(&format!("{}_sdk_driver", bench.db_name))?;
     let driver = scratch.0.join("sdk_worker.py");
     std::fs::write(&driver, SDK_DRIVER).context("writing the SDK driver")?;
-    let python = locate_python(&driver).await;
+    let python = locate_python(&driver, "runner").await;
 
     // Whatever earlier phases left queued would be polled instead of our items.
     bench.clear_live().await?;
@@ -482,17 +485,10 @@ impl Participant {
         let scratch = Scratch::new(&format!("{}_{}", bench.db_name, part.label))?;
         let log = std::fs::File::create(scratch.log())?;
         let (mut command, program) = match &launch {
-            Launch::Runner(worker) => {
-                let mut c = clean_command(worker);
-                c.env("MANGO_BASE_URL", &bench.app.base)
-                    .env("MANGO_WORK_ID", &work.id)
-                    .env("MANGO_ENVIRONMENT_ID", &bench.app.env_id)
-                    .env("MANGO_WORK_TYPE", "session")
-                    .env("MANGO_SESSION_ID", &part.session)
-                    .env("MANGO_WORKSPACE", scratch.workspace())
-                    .stdin(Stdio::piped());
-                (c, worker.to_path_buf())
-            }
+            Launch::Runner(worker) => (
+                runner_command(worker, bench, &work.id, &part.session, &scratch.workspace()),
+                worker.to_path_buf(),
+            ),
             Launch::Sdk { python, driver } => {
                 let mut c = clean_command(python);
                 c.arg(driver)
@@ -513,9 +509,7 @@ impl Participant {
             .spawn()
             .with_context(|| format!("starting the {} worker", part.label))?;
         if let Launch::Runner(_) = launch {
-            let mut stdin = child.stdin.take().context("no stdin")?;
-            stdin.write_all(format!("{secret}\n").as_bytes()).await?;
-            stdin.shutdown().await?;
+            hand_secret(&mut child, &secret).await?;
         }
         let pid = child.id().context("the worker has no pid")?;
         part.answerer = Answerer::Process {
@@ -681,8 +675,40 @@ impl Participant {
     }
 }
 
+/// `mango-runner` serving Session `session`'s Work `work_id` in
+/// `workspace`, as a supervisor starts it: identity in the environment, the
+/// secret on stdin ([`hand_secret`]).
+pub(crate) fn runner_command(
+    worker: &Path,
+    bench: &Bench,
+    work_id: &str,
+    session: &str,
+    workspace: &Path,
+) -> tokio::process::Command {
+    let mut c = clean_command(worker);
+    c.env("MANGO_BASE_URL", &bench.app.base)
+        .env("MANGO_WORK_ID", work_id)
+        .env("MANGO_ENVIRONMENT_ID", &bench.app.env_id)
+        .env("MANGO_WORK_TYPE", "session")
+        .env("MANGO_SESSION_ID", session)
+        .env("MANGO_WORKSPACE", workspace)
+        .stdin(Stdio::piped());
+    c
+}
+
+/// Writes the Work secret to the runner's stdin, once, and closes it.
+pub(crate) async fn hand_secret(
+    child: &mut tokio::process::Child,
+    secret: &str,
+) -> anyhow::Result<()> {
+    let mut stdin = child.stdin.take().context("no stdin")?;
+    stdin.write_all(format!("{secret}\n").as_bytes()).await?;
+    stdin.shutdown().await?;
+    Ok(())
+}
+
 /// No inherited environment (so no credential of ours) beyond PATH and HOME.
-fn clean_command(program: &Path) -> tokio::process::Command {
+pub(crate) fn clean_command(program: &Path) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(program);
     c.env_clear().env("PATH", TOOL_PATH);
     if let Some(home) = std::env::var_os("HOME") {
@@ -692,7 +718,7 @@ fn clean_command(program: &Path) -> tokio::process::Command {
 }
 
 /// Polls (with the Environment key) until the Work of `session` is handed out, and acks it.
-async fn claim(api: &Api, session: &str) -> anyhow::Result<mango_protocol::Work> {
+pub(crate) async fn claim(api: &Api, session: &str) -> anyhow::Result<mango_protocol::Work> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(work) = api.poll_work("?block_ms=999", "bench-supervisor").await? {
@@ -758,7 +784,7 @@ async fn exited(
     }
 }
 
-fn result_text(event: &Value) -> String {
+pub(crate) fn result_text(event: &Value) -> String {
     match &event["content"] {
         Value::String(s) => s.clone(),
         Value::Array(blocks) => blocks
@@ -809,7 +835,7 @@ async fn read_frames(
 }
 
 /// A `kB` field (e.g. `VmHWM`) of /proc/<pid>/status.
-fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+pub(crate) fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|line| {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;
@@ -848,7 +874,7 @@ fn children_rss_kib(pid: u32) -> (usize, u64) {
     (kids.len(), rss)
 }
 
-fn print_log_tail(path: &Path, label: &str) {
+pub(crate) fn print_log_tail(path: &Path, label: &str) {
     let Ok(text) = std::fs::read_to_string(path) else {
         return;
     };
