@@ -39,7 +39,7 @@ use crate::http::{Api, Claim};
 use crate::measure::percentile;
 use crate::runner::{
     claim, clean_command, hand_secret, locate_python, locate_worker, print_log_tail,
-    proc_status_kib, result_text, runner_command, Scratch,
+    proc_status_kib, result_text, runner_command, verdict, Launch, Scratch,
 };
 use anyhow::{bail, ensure, Context};
 use futures::StreamExt;
@@ -150,22 +150,6 @@ struct Fixture {
     memories: usize,
 }
 
-/// Who serves a Session's Work.
-#[derive(Clone, Copy)]
-enum Side<'a> {
-    Runner(&'a Path),
-    Sdk { python: &'a Path, driver: &'a Path },
-}
-
-impl Side<'_> {
-    fn label(&self) -> &'static str {
-        match self {
-            Side::Runner(_) => "runner",
-            Side::Sdk { .. } => "sdk",
-        }
-    }
-}
-
 pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<InputsResult> {
     let worker = locate_worker()?;
     let driver_dir = Scratch::new(&format!("{}_sdk_inputs", bench.db_name))?;
@@ -185,9 +169,9 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<InputsRes
     }
     let api = bench.api.with_new_client()?;
 
-    let mut sides = vec![Side::Runner(&worker)];
+    let mut sides = vec![Launch::Runner(&worker)];
     if let Some(python) = &python {
-        sides.push(Side::Sdk {
+        sides.push(Launch::Sdk {
             python,
             driver: &driver,
         });
@@ -197,15 +181,15 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<InputsRes
     for round in 0..opts.rounds {
         println!("inputs: round {} of {}", round + 1, opts.rounds);
         // Alternate who goes first: the machine drifts.
-        let order: Vec<Side> = if round % 2 == 0 {
+        let order: Vec<Launch> = if round % 2 == 0 {
             sides.clone()
         } else {
             sides.iter().rev().copied().collect()
         };
         for side in order {
             let figures = match side {
-                Side::Runner(_) => &mut runner,
-                Side::Sdk { .. } => &mut sdk,
+                Launch::Runner(_) => &mut runner,
+                Launch::Sdk { .. } => &mut sdk,
             };
             skills_pass(bench, &api, &fixture, side, figures).await?;
             store_pass(bench, &api, &fixture, side, figures).await?;
@@ -348,7 +332,7 @@ async fn skills_pass(
     bench: &Bench,
     api: &Api,
     fx: &Fixture,
-    side: Side<'_>,
+    side: Launch<'_>,
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
     let session = session_pinning(bench, api, fx).await?;
@@ -357,7 +341,7 @@ async fn skills_pass(
     let files = fx.versions.len() * FILES_PER_SKILL;
     let scratch = Scratch::new_in(&bench.scratch, &format!("inputs_{label}"))?;
     let (ms, rss) = match side {
-        Side::Runner(worker) => {
+        Launch::Runner(worker) => {
             let mut served = Served::start(worker, bench, &work, &session, &scratch).await?;
             let counted = served.ask(bench, "find skills -type f | wc -l").await;
             let rss = served.peak_rss_mib();
@@ -375,7 +359,7 @@ async fn skills_pass(
             let ms = logged_ms(&log, "materialized the Session's Skills")?;
             (ms, rss?)
         }
-        Side::Sdk { python, driver } => {
+        Launch::Sdk { python, driver } => {
             let out = sdk_stage(python, driver, bench, &work, &session, &scratch, "skills").await;
             stop_and_end(bench, api, &work, &session).await?;
             let out = out?;
@@ -400,7 +384,7 @@ async fn store_pass(
     bench: &Bench,
     api: &Api,
     fx: &Fixture,
-    side: Side<'_>,
+    side: Launch<'_>,
     figures: &mut Figures,
 ) -> anyhow::Result<()> {
     let (session, mount) = api
@@ -414,7 +398,7 @@ async fn store_pass(
     let label = side.label();
     let scratch = Scratch::new_in(&bench.scratch, &format!("inputs_{label}"))?;
     let (download, idle, rss) = match side {
-        Side::Runner(worker) => {
+        Launch::Runner(worker) => {
             let mut served = Served::start(worker, bench, &work, &session, &scratch).await?;
             let counted = served
                 .ask(bench, &format!("find {mount}/notes -type f | wc -l"))
@@ -440,7 +424,7 @@ async fn store_pass(
                 rss?,
             )
         }
-        Side::Sdk { python, driver } => {
+        Launch::Sdk { python, driver } => {
             let out = sdk_stage(python, driver, bench, &work, &session, &scratch, "store").await;
             stop_and_end(bench, api, &work, &session).await?;
             let out = out?;
@@ -671,14 +655,6 @@ fn logged(log: &str, message: &str) -> anyhow::Result<Value> {
 
 fn logged_ms(log: &str, message: &str) -> anyhow::Result<f64> {
     number(&logged(log, message)?, "elapsed_ms")
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "meets"
-    } else {
-        "MISSES"
-    }
 }
 
 fn report(opts: &Options, result: &InputsResult) {

@@ -84,7 +84,7 @@ impl RunnerResult {
     }
 }
 
-fn verdict(ok: bool) -> &'static str {
+pub(crate) fn verdict(ok: bool) -> &'static str {
     if ok {
         "meets"
     } else {
@@ -93,13 +93,14 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 /// Which worker serves the item.
-enum Launch<'a> {
+#[derive(Clone, Copy)]
+pub(crate) enum Launch<'a> {
     Runner(&'a Path),
     Sdk { python: &'a Path, driver: &'a Path },
 }
 
 impl Launch<'_> {
-    fn label(&self) -> &'static str {
+    pub fn label(&self) -> &'static str {
         match self {
             Launch::Runner(_) => "runner",
             Launch::Sdk { .. } => "sdk",
