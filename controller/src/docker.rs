@@ -24,8 +24,8 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
-    ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions,
-    WaitContainerOptions,
+    ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -131,6 +131,87 @@ pub fn session_volume(session_id: &str) -> String {
     format!("mango-session-{id}")
 }
 
+/// Makes the network `name` when it is missing, and leaves one of that name.
+///
+/// Engines before API 1.44 let two creates of one name both succeed, so
+/// supervisors starting together on a fresh engine can make two networks
+/// of that name, after which the engine refuses every container that
+/// names it ("ambiguous", even by id). So every supervisor keeps the
+/// oldest and removes the others it finds with this product's label:
+/// nothing can have joined them.
+async fn ensure_network(docker: &Docker, name: &str) -> Result<(), LaunchError> {
+    if named_networks(docker, name).await?.is_empty() {
+        let created = docker
+            .create_network(NetworkCreateRequest {
+                name: name.to_string(),
+                driver: Some("bridge".into()),
+                labels: Some(HashMap::from([(
+                    naming::LABEL_MANAGED_BY.to_string(),
+                    naming::MANAGED_BY.to_string(),
+                )])),
+                ..Default::default()
+            })
+            .await;
+        match created {
+            Ok(_) => {}
+            // 409 (API 1.44 and later): another supervisor made it meanwhile.
+            Err(err) if status_of(&err) == Some(409) => {}
+            Err(err) => return Err(launch_error(err)),
+        }
+    }
+    let mut named = named_networks(docker, name).await?;
+    named.sort_by_key(|n| (n.created.is_none(), n.created, n.id.clone()));
+    for extra in named.iter().skip(1).filter(|n| n.ours) {
+        match docker.remove_network(&extra.id).await {
+            Ok(()) => tracing::warn!(network = name, id = %extra.id,
+                "removed a second network of this name, made at the same time as another"),
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => tracing::warn!(network = name, id = %extra.id, error = %err,
+                "could not remove a second network of this name; the engine refuses sandboxes on an ambiguous name"),
+        }
+    }
+    Ok(())
+}
+
+struct NamedNetwork {
+    id: String,
+    created: Option<chrono::DateTime<chrono::FixedOffset>>,
+    /// Labelled as this product's.
+    ours: bool,
+}
+
+/// The networks named exactly `name`.
+async fn named_networks(docker: &Docker, name: &str) -> Result<Vec<NamedNetwork>, LaunchError> {
+    let listed = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(HashMap::from([(
+                "name".to_string(),
+                vec![name.to_string()],
+            )])),
+        }))
+        .await
+        .map_err(launch_error)?;
+    // The name filter matches parts of names too.
+    Ok(listed
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(name))
+        .filter_map(|n| {
+            Some(NamedNetwork {
+                created: n
+                    .created
+                    .as_deref()
+                    .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok()),
+                ours: n
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(naming::LABEL_MANAGED_BY))
+                    .is_some_and(|v| v == naming::MANAGED_BY),
+                id: n.id?,
+            })
+        })
+        .collect())
+}
+
 impl DockerLauncher {
     /// Connects (`DOCKER_HOST` or the local socket), agrees an API version,
     /// checks the image exists and makes the network if it is missing.
@@ -158,46 +239,12 @@ impl DockerLauncher {
             }
             Err(err) => return Err(launch_error(err)),
         }
-        let launcher = DockerLauncher {
+        ensure_network(&docker, &args.network).await?;
+        Ok(DockerLauncher {
             docker,
             args: args.clone(),
             pool: pool.to_string(),
-        };
-        launcher.ensure_network().await?;
-        Ok(launcher)
-    }
-
-    async fn ensure_network(&self) -> Result<(), LaunchError> {
-        match self
-            .docker
-            .inspect_network(
-                &self.args.network,
-                None::<bollard::query_parameters::InspectNetworkOptions>,
-            )
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(err) if status_of(&err) == Some(404) => {}
-            Err(err) => return Err(launch_error(err)),
-        }
-        let created = self
-            .docker
-            .create_network(NetworkCreateRequest {
-                name: self.args.network.clone(),
-                driver: Some("bridge".into()),
-                labels: Some(HashMap::from([(
-                    naming::LABEL_MANAGED_BY.to_string(),
-                    naming::MANAGED_BY.to_string(),
-                )])),
-                ..Default::default()
-            })
-            .await;
-        match created {
-            // 409: another supervisor made it meanwhile.
-            Ok(_) => Ok(()),
-            Err(err) if status_of(&err) == Some(409) => Ok(()),
-            Err(err) => Err(launch_error(err)),
-        }
+        })
     }
 
     /// The workspace mount: the Session's named volume, made if missing (an

@@ -475,3 +475,44 @@ async fn a_deleted_sessions_volume_is_swept(db: sqlx::PgPool) {
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);
     engine.clean(&pool, &[&kept, &doomed]).await;
 }
+
+/// Supervisors starting together on an engine that lacks the network make
+/// one network between them, not one each: engines before API 1.44 accept
+/// two creates of one name, after which every use of the name is ambiguous.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn supervisors_starting_together_make_one_network(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let api = engine.api(db, Default::default()).await;
+    let mut args = engine.args(&api);
+    args.network = engine::pool("network");
+    let pools: Vec<String> = (0..4).map(|i| engine::pool(&format!("net{i}"))).collect();
+    let connected = futures::future::join_all(
+        pools
+            .iter()
+            .map(|pool| DockerLauncher::connect(&args, pool)),
+    )
+    .await;
+    let named: Vec<String> = engine
+        .docker
+        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+            filters: Some(std::collections::HashMap::from([(
+                "name".to_string(),
+                vec![args.network.clone()],
+            )])),
+        }))
+        .await
+        .expect("networks are listed")
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(args.network.as_str()))
+        .filter_map(|n| n.id)
+        .collect();
+    for id in &named {
+        engine.docker.remove_network(id).await.ok();
+    }
+    for launcher in connected {
+        launcher.expect("every supervisor connects");
+    }
+    assert_eq!(named.len(), 1, "networks named {}: {named:?}", args.network);
+}
