@@ -38,16 +38,16 @@ use crate::harness::Bench;
 use crate::http::{Api, Claim};
 use crate::measure::percentile;
 use crate::runner::{
-    claim, clean_command, hand_secret, locate_python, locate_worker, print_log_tail,
-    proc_status_kib, result_text, runner_command, verdict, Launch, Scratch,
+    append_bash_call, claim, clean_command, hand_secret, locate_python, locate_worker,
+    print_log_tail, proc_status_kib, result_text, runner_command, verdict, Launch, Scratch,
 };
 use anyhow::{bail, ensure, Context};
 use futures::StreamExt;
 use mango_api::service::admission::emit;
-use mango_protocol::events::{types, AgentToolUse, EventBody, Permission};
+use mango_protocol::events::{types, EventBody};
 use mango_testkit::work::try_sessions_token;
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -499,21 +499,7 @@ impl<'a> Served<'a> {
     /// the result's text; the runner answers only once its inputs are ready.
     async fn ask(&mut self, bench: &Bench, command: &str) -> anyhow::Result<String> {
         let mut feed = bench.app.ctx.events.subscribe(&self.session);
-        let stored = emit(
-            &bench.app.ctx,
-            &self.session,
-            vec![EventBody::AgentToolUse(AgentToolUse {
-                name: "bash".into(),
-                input: json!({ "command": command }),
-                evaluated_permission: Some(Permission::Allow),
-                evaluation: None,
-                deny_reason: None,
-                session_thread_id: None,
-            })],
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!("appending a tool call: {e:?}"))?;
-        let call = stored.first().context("no tool call appended")?.id.clone();
+        let call = append_bash_call(bench, &self.session, command).await?;
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         loop {
             tokio::select! {

@@ -538,25 +538,7 @@ impl Participant {
             self.appended += 1;
             let label = self.label;
             let word = format!("bench-{label}-{i}");
-            let stored = emit(
-                &bench.app.ctx,
-                &self.session,
-                vec![EventBody::AgentToolUse(AgentToolUse {
-                    name: "bash".into(),
-                    input: json!({"command": format!("echo {word}")}),
-                    evaluated_permission: Some(Permission::Allow),
-                    evaluation: None,
-                    deny_reason: None,
-                    session_thread_id: None,
-                })],
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("appending a tool call: {e:?}"))?;
-            let call = stored
-                .first()
-                .map(|e| e.id.as_str())
-                .context("the appended tool call has no id")?
-                .to_string();
+            let call = append_bash_call(bench, &self.session, &format!("echo {word}")).await?;
             let limit = if i == 0 { FIRST_RESULT } else { RESULT_TIMEOUT };
             let deadline = tokio::time::Instant::now() + limit;
             let (admitted, answered, event) = loop {
@@ -706,6 +688,34 @@ pub(crate) async fn hand_secret(
     stdin.write_all(format!("{secret}\n").as_bytes()).await?;
     stdin.shutdown().await?;
     Ok(())
+}
+
+/// Appends an allowed `agent.tool_use` of `bash` running `command` to
+/// `session` through the agent loop's own path ([`emit`]); returns its id.
+pub(crate) async fn append_bash_call(
+    bench: &Bench,
+    session: &str,
+    command: &str,
+) -> anyhow::Result<String> {
+    let stored = emit(
+        &bench.app.ctx,
+        session,
+        vec![EventBody::AgentToolUse(AgentToolUse {
+            name: "bash".into(),
+            input: json!({ "command": command }),
+            evaluated_permission: Some(Permission::Allow),
+            evaluation: None,
+            deny_reason: None,
+            session_thread_id: None,
+        })],
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("appending a tool call: {e:?}"))?;
+    Ok(stored
+        .first()
+        .context("the appended tool call has no id")?
+        .id
+        .clone())
 }
 
 /// No inherited environment (so no credential of ours) beyond PATH and HOME.
