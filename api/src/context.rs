@@ -31,6 +31,9 @@ pub struct Settings {
     pub skill_archives: crate::skills::objects::Archives,
     /// Where Sessions mount their Memory Stores (`MANGO_MEMORY_MOUNT_ROOT`).
     pub memory_mount_root: String,
+    /// What a Memory Store may hold and keep, and how fast a sessions
+    /// token may write to one (`MANGO_MEMORY_STORE_MAX_BYTES` …).
+    pub memory_limits: crate::memory_quota::MemoryLimits,
 }
 
 /// A value that never appears in Debug output or logs.
@@ -56,6 +59,7 @@ impl Default for Settings {
             max_reclaims: 10,
             skill_archives: Default::default(),
             memory_mount_root: crate::memory_rules::DEFAULT_MOUNT_ROOT.to_string(),
+            memory_limits: Default::default(),
         }
     }
 }

@@ -23,6 +23,8 @@ pub struct ApiError {
     pub details: Map<String, Value>,
     /// `x-should-retry: false` for answers a retry cannot change (SDK retries 409).
     pub final_answer: bool,
+    /// `retry-after`, in whole seconds: when a retry can succeed (429).
+    pub retry_after: Option<u64>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -35,6 +37,7 @@ impl ApiError {
             message: message.into(),
             details: Map::new(),
             final_answer: false,
+            retry_after: None,
         }
     }
     pub fn code(mut self, code: ErrorCode) -> Self {
@@ -48,6 +51,11 @@ impl ApiError {
     }
     pub fn final_answer(mut self) -> Self {
         self.final_answer = true;
+        self
+    }
+    /// Sends `retry-after: <seconds>` (at least 1).
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
         self
     }
 
@@ -76,6 +84,21 @@ impl ApiError {
     }
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, ErrorType::ConflictError, message)
+    }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorType::RequestTooLarge,
+            message,
+        )
+    }
+    pub fn rate_limited(message: impl Into<String>, retry_after_seconds: u64) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorType::RateLimitError,
+            message,
+        )
+        .retry_after(retry_after_seconds)
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(
@@ -146,6 +169,11 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert("x-should-retry", HeaderValue::from_static("false"));
+        }
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

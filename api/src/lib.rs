@@ -17,6 +17,7 @@ pub mod feed;
 pub mod ids;
 pub mod lease;
 pub mod listener;
+pub mod memory_quota;
 pub mod memory_rules;
 pub mod metadata;
 pub mod metrics;

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use mango_api::memory_quota as quota;
 use mango_api::store::keys::{self, CreateKeyError, KeyRow};
 use mango_api::{server, ApiContext, Settings, MIGRATOR};
 use mango_protocol::time;
@@ -26,6 +27,46 @@ struct Database {
     /// Connections in the pool.
     #[arg(long, env = "MANGO_DB_MAX_CONNECTIONS", default_value_t = 10)]
     db_max_connections: u32,
+}
+
+/// What a Memory Store may hold and keep, and how fast a sessions token
+/// may write to one (docs/memory.md, "Quotas").
+#[derive(Args, Clone)]
+struct MemoryLimitArgs {
+    /// A store's content, at most, in bytes: a write past it is 413
+    /// `memory_store_full` (the default fits the sandboxes' 64 MiB mount).
+    #[arg(long, env = "MANGO_MEMORY_STORE_MAX_BYTES", default_value_t = quota::DEFAULT_STORE_MAX_BYTES, value_parser = clap::value_parser!(i64).range(0..))]
+    memory_store_max_bytes: i64,
+    /// A store's memories, at most: a create past it is 413 `memory_store_full`.
+    #[arg(long, env = "MANGO_MEMORY_STORE_MAX_MEMORIES", default_value_t = quota::DEFAULT_STORE_MAX_MEMORIES, value_parser = clap::value_parser!(i64).range(0..))]
+    memory_store_max_memories: i64,
+    /// Content a store's history (versions no memory holds now) keeps, in
+    /// bytes; past it a write prunes the oldest versions.
+    #[arg(long, env = "MANGO_MEMORY_HISTORY_MAX_BYTES", default_value_t = quota::DEFAULT_HISTORY_MAX_BYTES, value_parser = clap::value_parser!(i64).range(0..))]
+    memory_history_max_bytes: i64,
+    /// Versions a store's history keeps; past it a write prunes the oldest.
+    #[arg(long, env = "MANGO_MEMORY_HISTORY_MAX_VERSIONS", default_value_t = quota::DEFAULT_HISTORY_MAX_VERSIONS, value_parser = clap::value_parser!(i64).range(0..))]
+    memory_history_max_versions: i64,
+    /// Memory writes one sessions token makes per minute, sustained; past
+    /// it (and the burst) a write is 429 with `retry-after`.
+    #[arg(long, env = "MANGO_MEMORY_WRITES_PER_MINUTE", default_value_t = quota::DEFAULT_WRITES_PER_MINUTE, value_parser = clap::value_parser!(u32).range(1..=6_000_000))]
+    memory_writes_per_minute: u32,
+    /// Memory writes one sessions token may make at once.
+    #[arg(long, env = "MANGO_MEMORY_WRITE_BURST", default_value_t = quota::DEFAULT_WRITE_BURST, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    memory_write_burst: u32,
+}
+
+impl From<MemoryLimitArgs> for quota::MemoryLimits {
+    fn from(a: MemoryLimitArgs) -> Self {
+        quota::MemoryLimits {
+            store_max_bytes: a.memory_store_max_bytes,
+            store_max_memories: a.memory_store_max_memories,
+            history_max_bytes: a.memory_history_max_bytes,
+            history_max_versions: a.memory_history_max_versions,
+            writes_per_minute: a.memory_writes_per_minute,
+            write_burst: a.memory_write_burst,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -62,6 +103,8 @@ enum Command {
         /// is `<this>/<slug of its name>` (an absolute path).
         #[arg(long, env = "MANGO_MEMORY_MOUNT_ROOT", default_value = mango_api::memory_rules::DEFAULT_MOUNT_ROOT, value_parser = mount_root)]
         memory_mount_root: String,
+        #[command(flatten)]
+        memory_limits: MemoryLimitArgs,
     },
     /// Apply pending migrations and exit.
     Migrate {
@@ -229,6 +272,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             model_api_key,
             object_store,
             memory_mount_root,
+            memory_limits,
         } => {
             init_logging("info");
             let skill_archives = mango_api::skills::objects::Archives::open(&object_store)?;
@@ -256,6 +300,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 model_api_key: model_api_key.map(mango_api::context::Secret),
                 skill_archives,
                 memory_mount_root,
+                memory_limits: memory_limits.into(),
                 ..Settings::default()
             };
             server::serve_all(

@@ -223,6 +223,15 @@ error_answers! {
     TooLarge {
         "413" => "The request body is larger than 1 MiB (`request_too_large`)",
     }
+    /// A memory write that could grow its store.
+    MemoryWriteLimits {
+        "413" => "The request body is larger than 1 MiB (`request_too_large`), or the write would take the store past its content bytes or its count of memories (`request_too_large`, `memory_store_full`, with `details.quota`, `limit`, `current` and `requested`; `x-should-retry: false`); nothing was written",
+        "429" => "A sessions token wrote memories faster than its allowance (`rate_limit_error`, `memory_write_rate_limited`); `retry-after` gives the seconds until it may write again; nothing was written",
+    }
+    /// A memory write that cannot grow its store.
+    RateLimited {
+        "429" => "A sessions token wrote memories faster than its allowance (`rate_limit_error`, `memory_write_rate_limited`); `retry-after` gives the seconds until it may write again; nothing was written",
+    }
     /// A memory write whose precondition or path lost.
     MemoryConflicts {
         "409" => "`memory_precondition_failed_error`: the memory's `content_sha256` is not the expected one (`details.current_content_sha256`); `memory_path_conflict_error`: another memory has the path (`details.memory_id`); or `conflict_error`. Sent with `x-should-retry: false`; nothing was written",

@@ -48,6 +48,8 @@ pub enum ErrorType {
     NotFoundError,
     ConflictError,
     RequestTooLarge,
+    /// 429: too many requests of one credential; `retry-after` says when to try again.
+    RateLimitError,
     OverloadedError,
     ApiError,
     /// 409: a memory's `content_sha256` precondition did not hold.
@@ -65,6 +67,7 @@ impl ErrorType {
             ErrorType::NotFoundError => "not_found_error",
             ErrorType::ConflictError => "conflict_error",
             ErrorType::RequestTooLarge => "request_too_large",
+            ErrorType::RateLimitError => "rate_limit_error",
             ErrorType::OverloadedError => "overloaded_error",
             ErrorType::ApiError => "api_error",
             ErrorType::MemoryPreconditionFailedError => "memory_precondition_failed_error",
@@ -81,6 +84,7 @@ impl ErrorType {
             ErrorType::NotFoundError => ErrorCode::NotFound,
             ErrorType::ConflictError => ErrorCode::Conflict,
             ErrorType::RequestTooLarge => ErrorCode::RequestTooLarge,
+            ErrorType::RateLimitError => ErrorCode::RateLimited,
             ErrorType::OverloadedError => ErrorCode::Overloaded,
             ErrorType::ApiError => ErrorCode::InternalError,
             ErrorType::MemoryPreconditionFailedError => ErrorCode::MemoryPreconditionFailed,
@@ -117,6 +121,7 @@ error_codes! {
     NotFound => "not_found",
     Conflict => "conflict",
     RequestTooLarge => "request_too_large",
+    RateLimited => "rate_limited",
     Overloaded => "overloaded",
     InternalError => "internal_error",
     // Request parsing.
@@ -157,6 +162,11 @@ error_codes! {
     MemoryPathConflict => "memory_path_conflict",
     /// Redacting the version that holds a live memory's content.
     MemoryVersionCurrent => "memory_version_current",
+    /// 413: the write would take the store past its content bytes or its
+    /// count of memories (`details.quota`, `limit`, `current`, `requested`).
+    MemoryStoreFull => "memory_store_full",
+    /// 429: a sessions token wrote memories faster than its allowance.
+    MemoryWriteRateLimited => "memory_write_rate_limited",
     // Sessions and their events.
     SessionNotFound => "session_not_found",
     SessionArchived => "session_archived",
@@ -218,6 +228,7 @@ mod tests {
             ErrorType::NotFoundError,
             ErrorType::ConflictError,
             ErrorType::RequestTooLarge,
+            ErrorType::RateLimitError,
             ErrorType::OverloadedError,
             ErrorType::ApiError,
             ErrorType::MemoryPreconditionFailedError,

@@ -9,7 +9,7 @@ use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{body, optional_body, Params, RawBody};
 use crate::memory_rules;
-use crate::openapi::{MemoryConflicts, Missing, Refusals, TooLarge};
+use crate::openapi::{MemoryConflicts, MemoryWriteLimits, Missing, RateLimited, Refusals};
 use crate::service::memory::{self as service, memory_not_found, Change};
 use crate::store::cursor;
 use crate::store::memory::{self as store, MemoryFilter, VersionFilter, VersionRow};
@@ -77,7 +77,7 @@ fn version_not_found(store: &str, id: &str) -> ApiError {
     request_body = CreateMemory,
     responses(
         (status = 200, description = "The new memory", body = Memory),
-        Refusals, Missing, MemoryConflicts, TooLarge,
+        Refusals, Missing, MemoryConflicts, MemoryWriteLimits,
     ),
     security(("bearer" = []), ("x_api_key" = []))
 )]
@@ -107,7 +107,15 @@ async fn create(
     };
     memory_rules::check_path("path", &body.path)?;
     memory_rules::check_content(&content)?;
-    let row = service::create(&ctx.db, &store_id, &writer, &body.path, content).await?;
+    let row = service::create(
+        &ctx.db,
+        &ctx.settings.memory_limits,
+        &store_id,
+        &writer,
+        &body.path,
+        content,
+    )
+    .await?;
     Ok(Json(row.render(full)))
 }
 
@@ -212,7 +220,7 @@ async fn retrieve(
     request_body = Option<UpdateMemory>,
     responses(
         (status = 200, description = "The memory as it is now", body = Memory),
-        Refusals, Missing, MemoryConflicts, TooLarge,
+        Refusals, Missing, MemoryConflicts, MemoryWriteLimits,
     ),
     security(("bearer" = []), ("x_api_key" = []))
 )]
@@ -260,7 +268,15 @@ async fn update(
         path: body.path,
         expected_sha256,
     };
-    let row = service::update(&ctx.db, &store_id, &memory_id, &writer, change).await?;
+    let row = service::update(
+        &ctx.db,
+        &ctx.settings.memory_limits,
+        &store_id,
+        &memory_id,
+        &writer,
+        change,
+    )
+    .await?;
     Ok(Json(row.render(full)))
 }
 
@@ -276,7 +292,7 @@ async fn update(
         ("memory_id" = String, Path, description = "The memory"),
         ("expected_content_sha256" = Option<String>, Query, pattern = "^[0-9a-f]{64}$", description = "Delete only if the stored content has this SHA-256"),
     ),
-    responses((status = 200, description = "Deleted", body = MemoryDeleted), Refusals, Missing, MemoryConflicts),
+    responses((status = 200, description = "Deleted", body = MemoryDeleted), Refusals, Missing, MemoryConflicts, RateLimited),
     security(("bearer" = []), ("x_api_key" = []))
 )]
 async fn delete(
@@ -295,7 +311,15 @@ async fn delete(
     if let Some(sha) = expected {
         memory_rules::check_sha256("expected_content_sha256", sha)?;
     }
-    service::delete(&ctx.db, &store_id, &memory_id, &writer, expected).await?;
+    service::delete(
+        &ctx.db,
+        &ctx.settings.memory_limits,
+        &store_id,
+        &memory_id,
+        &writer,
+        expected,
+    )
+    .await?;
     Ok(Json(MemoryDeleted {
         id: memory_id,
         kind: "memory_deleted".into(),

@@ -161,6 +161,10 @@ async fn create(
             created_at: now,
             updated_at: now,
             archived_at: None,
+            memory_count: 0,
+            content_bytes: 0,
+            version_count: 0,
+            version_bytes: 0,
         },
     )
     .await?;

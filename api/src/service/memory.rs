@@ -1,13 +1,18 @@
 //! Writing memories: each change of a memory and its version commit
-//! together, under the store's share lock (an archive or delete of the
-//! store waits) and, for a Session's runner, fenced on its Work claim in the
-//! same transaction: the write commits only while that claim is live.
+//! together with the store's counts, under the store's row lock (writes to
+//! one store take turns; an archive or delete of the store waits), checked
+//! against the store's quotas, its oldest history pruned past its bounds
+//! ([`crate::memory_quota`]); for a Session's runner, fenced on its Work
+//! claim and charged to that claim's write allowance in the same
+//! transaction: the write commits only while that claim is live, and a
+//! refused write charges nothing.
 //! Also: a store's own update and archive, each under its row lock, and
 //! checking and snapshotting the stores a new Session attaches.
 
 use crate::error::{ApiError, ApiResult};
 use crate::ids;
 use crate::lease::TokenUse;
+use crate::memory_quota::{self, Allowance, MemoryLimits, Usage};
 use crate::memory_rules::{self, MAX_INSTRUCTIONS_CHARS};
 use crate::metadata;
 use crate::store::memory::{self as store, MemoryRow, StoreRow, VersionRow};
@@ -19,10 +24,14 @@ use mango_protocol::time::{self, Timestamp};
 use mango_protocol::{ErrorCode, ErrorType};
 use serde_json::json;
 use sqlx::types::Json;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 /// At most this many Memory Stores attach to one Session.
 pub const MAX_ATTACHED_STORES: usize = 8;
+/// A write prunes at most this many of its store's oldest versions (more
+/// than the one it adds, so a history past lowered bounds shrinks with
+/// every write without any one write doing it all).
+const PRUNE_BATCH: i64 = 500;
 
 /// Who writes.
 #[derive(Debug, Clone)]
@@ -113,15 +122,95 @@ async fn fence(tx: &mut PgConnection, writer: &Writer, now: Timestamp) -> ApiRes
         .map_err(|r| ApiError::unauthenticated(r.message()))
 }
 
-/// The store, share-locked; refused when archived and `writing`.
+/// The store, locked for a write; refused when archived and `writing`.
 async fn held_store(tx: &mut PgConnection, store_id: &str, writing: bool) -> ApiResult<StoreRow> {
-    let store = store::hold_store(tx, store_id)
+    let store = store::lock_store_for_write(tx, store_id)
         .await?
         .ok_or_else(|| store_not_found(store_id))?;
     if writing && store.archived_at.is_some() {
         return Err(archived(&store));
     }
     Ok(store)
+}
+
+/// A runner's write charged to its claim's allowance (a Workspace key's
+/// writes are not rate limited); 429 with `retry-after` when it is spent.
+async fn charge(
+    tx: &mut PgConnection,
+    writer: &Writer,
+    limits: &MemoryLimits,
+    now: Timestamp,
+) -> ApiResult<()> {
+    let Writer::Session {
+        work_id,
+        claim_epoch,
+        ..
+    } = writer
+    else {
+        return Ok(());
+    };
+    let allowance = Allowance::of(limits);
+    let refused = store::take_write_allowance(
+        tx,
+        work_id,
+        *claim_epoch,
+        now,
+        allowance.interval_us,
+        allowance.tolerance_us,
+    )
+    .await?;
+    let Some(next_write_at) = refused else {
+        return Ok(());
+    };
+    let due_in_us = (next_write_at - now).num_microseconds().unwrap_or(i64::MAX);
+    let seconds = allowance.retry_after_seconds(due_in_us);
+    Err(ApiError::rate_limited(
+        format!(
+            "this sessions token wrote memories faster than its allowance ({} a minute, {} at once); nothing was written, retry in {seconds} s",
+            limits.writes_per_minute, limits.write_burst
+        ),
+        seconds,
+    )
+    .code(ErrorCode::MemoryWriteRateLimited))
+}
+
+/// The start of every memory write: the writer fenced on its claim and
+/// charged, then the store locked (in this order everywhere).
+async fn begin_write<'c>(
+    db: &'c PgPool,
+    store_id: &str,
+    writer: &Writer,
+    limits: &MemoryLimits,
+    writing: bool,
+    now: Timestamp,
+) -> ApiResult<(Transaction<'c, Postgres>, StoreRow)> {
+    let mut tx = db.begin().await?;
+    fence(&mut tx, writer, now).await?;
+    charge(&mut tx, writer, limits, now).await?;
+    let store = held_store(&mut tx, store_id, writing).await?;
+    Ok((tx, store))
+}
+
+/// Writes the store's counts as `usage` after pruning its oldest history
+/// past the bounds (never a version holding a live memory's content).
+async fn settle_usage(
+    tx: &mut PgConnection,
+    store_id: &str,
+    limits: &MemoryLimits,
+    mut usage: Usage,
+) -> ApiResult<()> {
+    let excess = memory_quota::history_excess(limits, &usage);
+    if excess.any() {
+        let oldest = store::oldest_history(tx, store_id, PRUNE_BATCH).await?;
+        let sizes: Vec<i64> = oldest.iter().map(|(_, size)| *size).collect();
+        let n = memory_quota::prune_count(&sizes, excess);
+        let ids: Vec<String> = oldest[..n].iter().map(|(id, _)| id.clone()).collect();
+        store::delete_versions(tx, &ids).await?;
+        usage.version_count -= n as i64;
+        usage.version_bytes -= sizes[..n].iter().sum::<i64>();
+    }
+    store::set_usage(tx, store_id, &usage).await?;
+    Ok(())
 }
 
 fn version(
@@ -150,21 +239,23 @@ fn version(
 /// A new memory at `path` (checked) with `content` (checked).
 pub async fn create(
     db: &PgPool,
+    limits: &MemoryLimits,
     store_id: &str,
     writer: &Writer,
     path: &str,
     content: String,
 ) -> ApiResult<MemoryRow> {
     let now = time::now();
-    let mut tx = db.begin().await?;
-    fence(&mut tx, writer, now).await?;
-    held_store(&mut tx, store_id, true).await?;
+    let (mut tx, store) = begin_write(db, store_id, writer, limits, true, now).await?;
+    let size = content.len() as i64;
+    let usage = store.usage().created(size);
+    memory_quota::check_quota(store_id, limits, store.usage(), usage)?;
     let row = MemoryRow {
         id: ids::new_id("mem"),
         memory_store_id: store_id.to_string(),
         path: path.to_string(),
         content_sha256: memory_rules::content_sha256(&content),
-        content_size_bytes: content.len() as i32,
+        content_size_bytes: size as i32,
         content,
         memory_version_id: ids::new_id("memver"),
         created_at: now,
@@ -179,6 +270,7 @@ pub async fn create(
         &version(&saved, MemoryOperation::Created, writer, now),
     )
     .await?;
+    settle_usage(&mut tx, store_id, limits, usage).await?;
     tx.commit().await?;
     Ok(saved)
 }
@@ -193,15 +285,14 @@ pub struct Change {
 
 pub async fn update(
     db: &PgPool,
+    limits: &MemoryLimits,
     store_id: &str,
     memory_id: &str,
     writer: &Writer,
     change: Change,
 ) -> ApiResult<MemoryRow> {
     let now = time::now();
-    let mut tx = db.begin().await?;
-    fence(&mut tx, writer, now).await?;
-    held_store(&mut tx, store_id, true).await?;
+    let (mut tx, store) = begin_write(db, store_id, writer, limits, true, now).await?;
     let current = store::lock_memory(&mut tx, store_id, memory_id)
         .await?
         .ok_or_else(|| memory_not_found(store_id, memory_id))?;
@@ -223,6 +314,11 @@ pub async fn update(
         tx.commit().await?;
         return Ok(current);
     }
+    let usage = store.usage().modified(
+        i64::from(current.content_size_bytes),
+        i64::from(next.content_size_bytes),
+    );
+    memory_quota::check_quota(store_id, limits, store.usage(), usage)?;
     next.memory_version_id = ids::new_id("memver");
     next.updated_at = now;
     let Some(saved) = store::update_memory(&mut tx, &next).await? else {
@@ -234,6 +330,7 @@ pub async fn update(
         &version(&saved, MemoryOperation::Modified, writer, now),
     )
     .await?;
+    settle_usage(&mut tx, store_id, limits, usage).await?;
     tx.commit().await?;
     Ok(saved)
 }
@@ -241,15 +338,14 @@ pub async fn update(
 /// Deletes a memory (an archived store's too), if its digest is `expected`.
 pub async fn delete(
     db: &PgPool,
+    limits: &MemoryLimits,
     store_id: &str,
     memory_id: &str,
     writer: &Writer,
     expected: Option<&str>,
 ) -> ApiResult<()> {
     let now = time::now();
-    let mut tx = db.begin().await?;
-    fence(&mut tx, writer, now).await?;
-    held_store(&mut tx, store_id, false).await?;
+    let (mut tx, store) = begin_write(db, store_id, writer, limits, false, now).await?;
     let mut current = store::lock_memory(&mut tx, store_id, memory_id)
         .await?
         .ok_or_else(|| memory_not_found(store_id, memory_id))?;
@@ -265,13 +361,16 @@ pub async fn delete(
         &version(&current, MemoryOperation::Deleted, writer, now),
     )
     .await?;
+    let usage = store.usage().deleted(i64::from(current.content_size_bytes));
+    settle_usage(&mut tx, store_id, limits, usage).await?;
     tx.commit().await?;
     Ok(())
 }
 
-/// Redacts a version: its content, path and digest are cleared for good.
-/// The version holding a live memory's content is refused (update or
-/// delete the memory first).
+/// Redacts a version: its content, path and digest are cleared for good
+/// (and its content no longer counts toward the store's history). The
+/// version holding a live memory's content is refused (update or delete
+/// the memory first).
 pub async fn redact(
     db: &PgPool,
     store_id: &str,
@@ -279,14 +378,14 @@ pub async fn redact(
     writer: &Writer,
 ) -> ApiResult<VersionRow> {
     let mut tx = db.begin().await?;
-    held_store(&mut tx, store_id, false).await?;
+    let store = held_store(&mut tx, store_id, false).await?;
     let missing = || {
         ApiError::not_found(format!(
             "memory version {version_id} not found in memory store {store_id}"
         ))
         .code(ErrorCode::MemoryVersionNotFound)
     };
-    store::find_version(&mut *tx, store_id, version_id)
+    let before = store::find_version(&mut *tx, store_id, version_id)
         .await?
         .ok_or_else(missing)?;
     if store::version_is_current(&mut tx, version_id).await? {
@@ -299,6 +398,9 @@ pub async fn redact(
     let row = store::redact_version(&mut tx, store_id, version_id, &writer.actor(), time::now())
         .await?
         .ok_or_else(missing)?;
+    let mut usage = store.usage();
+    usage.version_bytes -= i64::from(before.content_size_bytes.unwrap_or(0));
+    store::set_usage(&mut tx, store_id, &usage).await?;
     tx.commit().await?;
     Ok(row)
 }

@@ -1,6 +1,7 @@
 //! Memory Stores, their memories and memory versions
 //! (`memory_stores`, `memories`, `memory_versions`).
 
+use crate::memory_quota::Usage;
 use crate::metadata;
 use mango_protocol::memory::{
     Actor, Memory, MemoryItem, MemoryListItem, MemoryOperation, MemoryPrefix, MemoryStore,
@@ -23,9 +24,23 @@ pub struct StoreRow {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub archived_at: Option<Timestamp>,
+    pub memory_count: i64,
+    pub content_bytes: i64,
+    pub version_count: i64,
+    pub version_bytes: i64,
 }
 
 impl StoreRow {
+    /// What the store holds, as its counts say.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            memory_count: self.memory_count,
+            content_bytes: self.content_bytes,
+            version_count: self.version_count,
+            version_bytes: self.version_bytes,
+        }
+    }
+
     pub fn render(&self) -> MemoryStore {
         MemoryStore {
             id: self.id.clone(),
@@ -40,12 +55,14 @@ impl StoreRow {
     }
 }
 
-const STORE_COLUMNS: &str =
-    "id, workspace_id, name, description, metadata, created_at, updated_at, archived_at";
+const STORE_COLUMNS: &str = "id, workspace_id, name, description, metadata, created_at, \
+    updated_at, archived_at, memory_count, content_bytes, version_count, version_bytes";
 
+/// Inserts a new, empty store (its counts start at zero).
 pub async fn insert_store(db: impl PgExecutor<'_>, row: &StoreRow) -> sqlx::Result<StoreRow> {
     let sql = format!(
-        "INSERT INTO memory_stores ({STORE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {STORE_COLUMNS}"
+        "INSERT INTO memory_stores (id, workspace_id, name, description, metadata, created_at, updated_at, archived_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {STORE_COLUMNS}"
     );
     sqlx::query_as(&sql)
         .bind(&row.id)
@@ -92,12 +109,33 @@ pub async fn stores_in(
         .await
 }
 
-/// Locks the store for a write to its memories (`FOR SHARE`: writes to
-/// different memories go on together, while an archive or a delete of the
-/// store waits for them and they for it).
-pub async fn hold_store(db: &mut PgConnection, id: &str) -> sqlx::Result<Option<StoreRow>> {
-    let sql = format!("SELECT {STORE_COLUMNS} FROM memory_stores WHERE id = $1 FOR SHARE");
+/// Locks the store for a write to its memories or versions. Writes to one
+/// store take turns (each changes the store's counts, which its quota
+/// checks read), and an archive or a delete of the store waits for them
+/// and they for it. Every write locks the store before any memory, so a
+/// store's delete (which locks its memories) cannot deadlock with one.
+pub async fn lock_store_for_write(
+    db: &mut PgConnection,
+    id: &str,
+) -> sqlx::Result<Option<StoreRow>> {
+    let sql = format!("SELECT {STORE_COLUMNS} FROM memory_stores WHERE id = $1 FOR NO KEY UPDATE");
     sqlx::query_as(&sql).bind(id).fetch_optional(db).await
+}
+
+/// Writes the store's counts (under [`lock_store_for_write`]).
+pub async fn set_usage(db: &mut PgConnection, id: &str, usage: &Usage) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE memory_stores SET memory_count = $2, content_bytes = $3, version_count = $4, version_bytes = $5
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(usage.memory_count)
+    .bind(usage.content_bytes)
+    .bind(usage.version_count)
+    .bind(usage.version_bytes)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Locks the store for a change of the store itself.
@@ -471,6 +509,49 @@ pub async fn list_memories(
         .collect())
 }
 
+// ------------------------------------------------------------------ write allowances
+
+/// Takes one memory write from the allowance of the claim `claim_epoch` of
+/// Work `work_id` (GCRA: admitted while the next write due is at most
+/// `tolerance_us` ahead of `now`; each write moves it `interval_us` on; a
+/// new claim starts afresh). `None`: admitted; otherwise when the next
+/// write is due, and nothing changed.
+pub async fn take_write_allowance(
+    db: &mut PgConnection,
+    work_id: &str,
+    claim_epoch: i64,
+    now: Timestamp,
+    interval_us: i64,
+    tolerance_us: i64,
+) -> sqlx::Result<Option<Timestamp>> {
+    let admitted: Option<Timestamp> = sqlx::query_scalar(
+        "INSERT INTO memory_write_allowances AS a (work_id, claim_epoch, next_write_at)
+         VALUES ($1, $2, $3 + $4 * interval '1 microsecond')
+         ON CONFLICT (work_id) DO UPDATE
+         SET claim_epoch = EXCLUDED.claim_epoch,
+             next_write_at = CASE WHEN a.claim_epoch = EXCLUDED.claim_epoch
+                                  THEN greatest(a.next_write_at, $3) ELSE $3 END
+                             + $4 * interval '1 microsecond'
+         WHERE a.claim_epoch <> EXCLUDED.claim_epoch
+            OR a.next_write_at <= $3 + $5 * interval '1 microsecond'
+         RETURNING next_write_at",
+    )
+    .bind(work_id)
+    .bind(claim_epoch)
+    .bind(now)
+    .bind(interval_us)
+    .bind(tolerance_us)
+    .fetch_optional(&mut *db)
+    .await?;
+    if admitted.is_some() {
+        return Ok(None);
+    }
+    sqlx::query_scalar("SELECT next_write_at FROM memory_write_allowances WHERE work_id = $1")
+        .bind(work_id)
+        .fetch_optional(db)
+        .await
+}
+
 // ------------------------------------------------------------------ versions
 
 #[derive(Debug, Clone, FromRow)]
@@ -548,6 +629,35 @@ pub async fn find_version(
         .bind(store_id)
         .fetch_optional(db)
         .await
+}
+
+/// Up to `limit` of the store's versions that are no memory's current one,
+/// oldest first: their ids and the content bytes each holds.
+pub async fn oldest_history(
+    db: &mut PgConnection,
+    store_id: &str,
+    limit: i64,
+) -> sqlx::Result<Vec<(String, i64)>> {
+    sqlx::query_as(
+        "SELECT v.id, coalesce(v.content_size_bytes, 0)::bigint
+         FROM memory_versions v
+         WHERE v.memory_store_id = $1
+           AND NOT EXISTS (SELECT 1 FROM memories m WHERE m.memory_version_id = v.id)
+         ORDER BY v.created_at, v.id
+         LIMIT $2",
+    )
+    .bind(store_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+pub async fn delete_versions(db: &mut PgConnection, ids: &[String]) -> sqlx::Result<()> {
+    sqlx::query("DELETE FROM memory_versions WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(db)
+        .await?;
+    Ok(())
 }
 
 /// Whether version `id` holds a live memory's current content.

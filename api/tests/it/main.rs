@@ -17,6 +17,7 @@ mod lifecycle_edges;
 mod memory_access;
 mod memory_api;
 mod memory_prompt;
+mod memory_quotas;
 mod notifications;
 mod openapi;
 mod session_events;
