@@ -132,6 +132,13 @@ impl Bench {
             skill_archives: mango_api::skills::objects::Archives::local(&scratch.join("archives"))
                 .map_err(|e| anyhow::anyhow!("the Skill archive folder: {e}"))?,
             memory_mount_root: scratch.join("memory").to_string_lossy().into_owned(),
+            // The inputs phase's store has `--input-memories` (10,000)
+            // memories, past the default quota of 4,000; it mounts on the
+            // scratch disk, not a sandbox's 64 MiB mount.
+            memory_limits: mango_api::memory_quota::MemoryLimits {
+                store_max_memories: i64::MAX,
+                ..Default::default()
+            },
             ..Settings::default()
         };
         let ctx = ApiContext::new(pool.clone(), settings);

@@ -246,10 +246,25 @@ impl Client {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
+        self.retrying_when(path, ClientError::is_transient, attempt)
+            .await
+    }
+
+    /// [`Client::retrying`], retrying only the errors `retry` picks.
+    async fn retrying_when<T, F, Fut>(
+        &self,
+        path: &str,
+        retry: fn(&ClientError) -> bool,
+        attempt: F,
+    ) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let mut n = 1;
         loop {
             match attempt().await {
-                Err(err) if err.is_transient() && n < self.retry.attempts => {
+                Err(err) if retry(&err) && n < self.retry.attempts => {
                     let delay = self.retry.delay(n);
                     tracing::debug!(%path, attempt = n, ?delay, error = %err, "retrying");
                     tokio::time::sleep(delay).await;

@@ -1,7 +1,9 @@
 //! The Memory Stores a Session attaches, mounted (spec §9): before any tool
-//! runs each store is downloaded to its `mount_path` (which must not exist
-//! yet) with a marker naming it; the file tools get the roots, read-only
-//! ones refused by `write` and `edit`. After tool calls the stores are
+//! runs the stores are measured against their mount's free space
+//! ([`fit`]; stores that cannot fit fail the Session's start), then each is
+//! downloaded to its `mount_path` (which must not exist yet) with a marker
+//! naming it, completely or not at all; the file tools get the roots,
+//! read-only ones refused by `write` and `edit`. After tool calls the stores are
 //! reconciled at most every 15 s ([`sync::Store::sync`]). At the end, after
 //! the shell is gone: on a clean end one final full sync, then on every end
 //! a push-only flush that cannot pull or delete, each bounded by 30 s (the
@@ -9,15 +11,17 @@
 //! failing the marker check while it holds files is left for inspection).
 
 pub mod disk;
+pub mod fit;
 pub mod sync;
 
 use crate::prepare::PrepareError;
 use disk::Folder;
 use mango_client::{Client, ClientError};
 use mango_protocol::sessions::{MemoryAccess, Session, SessionResource};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use sync::Store;
+use sync::{PullError, Store};
 use tokio::time::Instant;
 
 /// The least time between two syncs after tool calls.
@@ -59,6 +63,131 @@ fn retrieval(store: &str, err: ClientError) -> PrepareError {
     }
 }
 
+/// A download that stopped short: never complete, and why.
+fn pull_failed(store: &str, root: &Path, err: PullError) -> PrepareError {
+    match err {
+        PullError::Api(err) => retrieval(store, *err),
+        // The stores fit when measured: the mount filled up meanwhile (the
+        // store grew, or something else wrote there). The next activation
+        // measures again, and fails the Session if it cannot fit then.
+        err @ PullError::NoSpace { .. } => PrepareError::Transient(format!(
+            "Memory Store {store} did not fit at {} after all ({err}); its download is incomplete, so the Work is left to be tried again",
+            root.display()
+        )),
+        err @ PullError::Disk { .. } => PrepareError::Transient(format!(
+            "Memory Store {store} could not be written at {}: {err}; its download is incomplete",
+            root.display()
+        )),
+    }
+}
+
+/// One store to mount.
+struct Planned {
+    id: String,
+    root: PathBuf,
+    read_only: bool,
+}
+
+/// The stores `session` attaches and where they mount: each root clean and
+/// not there yet.
+fn plan(session: &Session, workspace: &Path) -> Result<Vec<Planned>, PrepareError> {
+    let mut planned = Vec::new();
+    for resource in &session.resources {
+        let SessionResource::MemoryStore(m) = resource else {
+            continue;
+        };
+        let root = match &m.mount_path {
+            Some(path) => clean_root(path).ok_or_else(|| {
+                PrepareError::Permanent(format!(
+                    "Memory Store {} has mount_path {path:?}, which is not a clean absolute path",
+                    m.memory_store_id
+                ))
+            })?,
+            None => workspace.join("memory").join(&m.memory_store_id),
+        };
+        if Folder::new(root.clone()).exists() {
+            return Err(PrepareError::Transient(format!(
+                "something already exists at {} where Memory Store {} mounts; it must not exist when the Session's Work starts (a runner that died left it? remove it)",
+                root.display(),
+                m.memory_store_id
+            )));
+        }
+        planned.push(Planned {
+            id: m.memory_store_id.clone(),
+            root,
+            read_only: m.access == Some(MemoryAccess::ReadOnly),
+        });
+    }
+    Ok(planned)
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Measures every store and checks the ones sharing a filesystem fit it
+/// together: more than it holds in all is permanent (the Session cannot
+/// start here, ever), more than is free now transient.
+async fn check_fit(client: &Client, planned: &[Planned]) -> Result<(), PrepareError> {
+    // Per filesystem: where it was measured, its space, and its stores with their footprints.
+    type Shared = (PathBuf, fit::Space, Vec<(String, fit::Footprint)>);
+    let mut filesystems: BTreeMap<u64, Shared> = BTreeMap::new();
+    for p in planned {
+        let (at, space) = fit::space_for(&p.root).map_err(|e| {
+            PrepareError::Transient(format!(
+                "cannot measure the free space where Memory Store {} mounts ({}): {e}",
+                p.id,
+                p.root.display()
+            ))
+        })?;
+        let footprint = fit::measure(client, &p.id)
+            .await
+            .map_err(|err| retrieval(&p.id, err))?;
+        filesystems
+            .entry(space.device)
+            .or_insert_with(|| (at, space, Vec::new()))
+            .2
+            .push((p.id.clone(), footprint));
+    }
+    for (at, space, stores) in filesystems.values() {
+        let blocks = |f: &fit::Footprint| f.blocks(space.block, space.dirs_take_blocks);
+        let need: u64 = stores.iter().map(|(_, f)| blocks(f)).sum();
+        let verdict = fit::fit(need, space);
+        if verdict == fit::Fit::Fits {
+            continue;
+        }
+        let mib = |blocks: u64| (blocks * space.block) as f64 / MIB;
+        let named: Vec<String> = stores
+            .iter()
+            .map(|(id, f)| {
+                let memories = f.sizes.len() - 1;
+                format!(
+                    "Memory Store {id} ({memories} {}, {:.1} MiB on disk)",
+                    if memories == 1 { "memory" } else { "memories" },
+                    mib(blocks(f))
+                )
+            })
+            .collect();
+        let what = format!(
+            "{} {} {:.1} MiB at {}",
+            named.join(" and "),
+            if named.len() == 1 { "needs" } else { "need" },
+            mib(need),
+            at.display()
+        );
+        return Err(match verdict {
+            fit::Fit::Never => PrepareError::Permanent(format!(
+                "the Session's Memory Stores cannot fit their mount: {what}, which holds {:.1} MiB in all",
+                mib(space.total_blocks)
+            )),
+            _ => PrepareError::Transient(format!(
+                "the Session's Memory Stores do not fit their mount now: {what}, where {:.1} MiB of {:.1} MiB are free",
+                mib(space.available_blocks),
+                mib(space.total_blocks)
+            )),
+        });
+    }
+    Ok(())
+}
+
 /// Dropped before its end (a lease lost mid-download): the folders go.
 impl Drop for Mounted {
     fn drop(&mut self) {
@@ -78,65 +207,46 @@ impl Mounted {
     }
 
     /// Downloads every store `session` attaches, `interval` apart syncs
-    /// after. `workspace/memory/<id>` is the root of a resource without a
-    /// `mount_path` (Mango's api always sets one). On failure nothing is
-    /// left on disk.
+    /// after, once they are measured to fit their mount. `workspace/memory/<id>`
+    /// is the root of a resource without a `mount_path` (Mango's api always
+    /// sets one). On failure nothing is left on disk.
     pub async fn download(
         client: &Client,
         session: &Session,
         workspace: &Path,
         interval: Duration,
     ) -> Result<Mounted, PrepareError> {
+        let planned = plan(session, workspace)?;
+        check_fit(client, &planned).await?;
         let mut mounted = Mounted {
             client: Some(client.clone()),
             stores: Vec::new(),
             interval,
             last_sync: Instant::now(),
         };
-        for resource in &session.resources {
-            let SessionResource::MemoryStore(m) = resource else {
-                continue;
-            };
-            let root = match &m.mount_path {
-                Some(path) => match clean_root(path) {
-                    Some(root) => root,
-                    None => {
-                        mounted.dispose();
-                        return Err(PrepareError::Permanent(format!(
-                            "Memory Store {} has mount_path {path:?}, which is not a clean absolute path",
-                            m.memory_store_id
-                        )));
-                    }
-                },
-                None => workspace.join("memory").join(&m.memory_store_id),
-            };
+        for Planned {
+            id,
+            root,
+            read_only,
+        } in planned
+        {
             let folder = Folder::new(root.clone());
-            if folder.exists() {
-                mounted.dispose();
-                return Err(PrepareError::Transient(format!(
-                    "something already exists at {} where Memory Store {} mounts; it must not exist when the Session's Work starts (a runner that died left it? remove it)",
-                    root.display(),
-                    m.memory_store_id
-                )));
-            }
             if let Err(e) = folder.create() {
                 mounted.dispose();
                 return Err(PrepareError::Transient(format!(
-                    "cannot create {} for Memory Store {}: {e}",
+                    "cannot create {} for Memory Store {id}: {e}",
                     root.display(),
-                    m.memory_store_id
                 )));
             }
-            let read_only = m.access == Some(MemoryAccess::ReadOnly);
             let started = Instant::now();
-            let mut store = Store::new(m.memory_store_id.clone(), folder, read_only);
+            let mut store = Store::new(id.clone(), folder, read_only);
             let pulled = store.stamp_and_pull(client).await;
             mounted.stores.push(store);
             if let Err(err) = pulled {
                 mounted.dispose();
-                return Err(retrieval(&m.memory_store_id, err));
+                return Err(pull_failed(&id, &root, err));
             }
-            tracing::info!(memory_store_id = %m.memory_store_id, root = %root.display(),
+            tracing::info!(memory_store_id = %id, root = %root.display(),
                 memories = mounted.stores.last().map_or(0, |s| s.baseline().len()), read_only,
                 elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "memory store downloaded");
         }

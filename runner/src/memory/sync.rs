@@ -13,6 +13,11 @@
 //! * an upload whose answer was lost is settled by the next listing: a
 //!   memory holding exactly the bytes sent is that upload;
 //! * a read-only store pulls and never writes;
+//! * a write refused for the token's write rate (429) ends the pass's
+//!   uploads and deletions: what is left goes in a later pass;
+//! * a download writes every memory or fails: a memory that never
+//!   arrived never enters the baseline, so no later pass takes it for a
+//!   local deletion;
 //! * the marker decides trust: a folder without it (or with another
 //!   store's) is left alone while it holds files, and re-downloaded when
 //!   it holds none, as is one whose every file vanished at once.
@@ -22,6 +27,8 @@ use futures::StreamExt;
 use mango_client::{Client, ClientError};
 use mango_protocol::memory::{MemoryListItem, MemoryView, MARKER_PATH, MAX_CONTENT_BYTES};
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::time::Duration;
 
 /// Pages of a full listing (the API's most with content).
 const FULL_PAGE: u32 = 20;
@@ -34,6 +41,61 @@ const UPLOADS: usize = 32;
 /// Bounds of the per-sync delete cap.
 const DELETE_CAP_FLOOR: usize = 8;
 const DELETE_CAP_CEILING: usize = 50;
+/// A flush's pause before an upload the write rate refused is sent again
+/// (the flush itself is bounded by its caller).
+const THROTTLED_PAUSE: Duration = Duration::from_secs(1);
+
+/// Why a download of a store stopped short. It never counts as done: the
+/// memories it did not write are not in the baseline.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("{0}")]
+    Api(Box<ClientError>),
+    /// The mount ran out of space (blocks, inodes or quota).
+    #[error("no space left to write {path:?} after {written} memories: {error}")]
+    NoSpace {
+        path: String,
+        written: usize,
+        error: io::Error,
+    },
+    #[error("cannot write {path:?}: {error}")]
+    Disk { path: String, error: io::Error },
+}
+
+impl From<ClientError> for PullError {
+    fn from(err: ClientError) -> Self {
+        PullError::Api(Box::new(err))
+    }
+}
+
+impl PullError {
+    fn into_client(self) -> ClientError {
+        match self {
+            PullError::Api(err) => *err,
+            other => ClientError::Decode(format!("downloading the store: {other}")),
+        }
+    }
+}
+
+/// What a failed write of a memory's file means.
+enum WriteFailure {
+    /// The path cannot be a file here (a name too long, a file where a
+    /// directory must be): this memory is not mirrored, the rest are.
+    Unmirrorable,
+    NoSpace,
+    Other,
+}
+
+fn write_failure(e: &io::Error) -> WriteFailure {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => WriteFailure::NoSpace,
+        Some(libc::ENAMETOOLONG | libc::ENOTDIR | libc::EISDIR | libc::EEXIST | libc::ELOOP) => {
+            WriteFailure::Unmirrorable
+        }
+        _ if e.kind() == io::ErrorKind::InvalidInput => WriteFailure::Unmirrorable,
+        _ => WriteFailure::Other,
+    }
+}
 
 /// Scans `folder` on a blocking thread with `cache`; hands the cache back
 /// (empty if the thread failed, so everything is hashed afresh next time).
@@ -79,8 +141,11 @@ enum Pushed {
     Saved(String),
     /// 409: the precondition lost a race, or the path was taken meanwhile.
     Lost,
-    /// 400/413, too big or not UTF-8: refused until the file changes.
+    /// 400/413, too big, not UTF-8 or past the store's quota: refused
+    /// until the file changes.
     Refused(String),
+    /// 429: the token's write rate is spent; a later pass tries again.
+    Throttled,
     /// Anything else; the next pass tries again.
     Failed(String),
     /// The file went away before it could be read.
@@ -102,6 +167,8 @@ pub struct Store {
     sent: BTreeMap<String, String>,
     /// Passes so far.
     pass: u64,
+    /// The write rate refused a write in this pass: no more are sent in it.
+    throttled: bool,
     cache: HashCache,
 }
 
@@ -111,7 +178,7 @@ fn status(err: &ClientError) -> Option<u16> {
 
 /// A server path this runner may mirror on disk: not the marker and not
 /// one of its own temporary names.
-fn mirrorable(rel: &str) -> bool {
+pub(crate) fn mirrorable(rel: &str) -> bool {
     rel != MARKER_PATH
         && !rel
             .rsplit('/')
@@ -130,6 +197,7 @@ impl Store {
             pending_deletes: BTreeMap::new(),
             sent: BTreeMap::new(),
             pass: 0,
+            throttled: false,
             cache: HashCache::default(),
         }
     }
@@ -140,14 +208,14 @@ impl Store {
 
     /// Writes the marker, then every memory (a full listing); pushes nothing.
     /// Only files written enter the baseline, so a failed write never reads
-    /// as a local deletion later.
-    pub async fn stamp_and_pull(&mut self, client: &Client) -> Result<(), ClientError> {
+    /// as a local deletion later. A memory whose path cannot be a file here
+    /// is skipped (warned); any other failed write ends the download with
+    /// an error: a partial download is never taken for a complete one.
+    pub async fn stamp_and_pull(&mut self, client: &Client) -> Result<(), PullError> {
         self.baseline.clear();
         self.sent.clear();
         self.pending_deletes.clear();
-        self.folder
-            .put(MARKER_PATH, &marker_for(&self.id))
-            .map_err(|e| ClientError::Decode(format!("writing the store marker: {e}")))?;
+        self.put_pulled(MARKER_PATH, &marker_for(&self.id), 0)?;
         let mut page: Option<String> = None;
         loop {
             let listed = client
@@ -162,7 +230,8 @@ impl Store {
                     tracing::warn!(memory_store_id = %self.id, path = %m.path, "a memory at a path this runner reserves is not mirrored");
                     continue;
                 }
-                if self.write(&rel, m.content.as_deref().unwrap_or("")) {
+                let content = m.content.as_deref().unwrap_or("");
+                if self.put_pulled(&rel, content.as_bytes(), self.baseline.len())? {
                     self.baseline.insert(rel, m.content_sha256);
                 }
             }
@@ -170,6 +239,28 @@ impl Store {
                 Some(next) if !next.is_empty() => page = Some(next),
                 _ => return Ok(()),
             }
+        }
+    }
+
+    /// One file of a download: `Ok(false)` when its path cannot be a file
+    /// here, an error when the download cannot go on.
+    fn put_pulled(&self, rel: &str, bytes: &[u8], written: usize) -> Result<bool, PullError> {
+        let Err(error) = self.folder.put(rel, bytes) else {
+            return Ok(true);
+        };
+        let path = rel.to_string();
+        match write_failure(&error) {
+            WriteFailure::Unmirrorable if rel != MARKER_PATH => {
+                tracing::warn!(memory_store_id = %self.id, path = rel, error = %error,
+                    "a memory whose path cannot be a file here is not mirrored");
+                Ok(false)
+            }
+            WriteFailure::NoSpace => Err(PullError::NoSpace {
+                path,
+                written,
+                error,
+            }),
+            _ => Err(PullError::Disk { path, error }),
         }
     }
 
@@ -238,7 +329,9 @@ impl Store {
         self.folder
             .create()
             .map_err(|e| ClientError::Decode(format!("re-creating the store folder: {e}")))?;
-        self.stamp_and_pull(client).await
+        self.stamp_and_pull(client)
+            .await
+            .map_err(PullError::into_client)
     }
 
     /// One reconciliation. `last`: the final sync at a clean end, where no
@@ -246,6 +339,7 @@ impl Store {
     /// it is its second observation.
     pub async fn sync(&mut self, client: &Client, last: bool) -> Result<Outcome, ClientError> {
         self.pass += 1;
+        self.throttled = false;
         let mut outcome = Outcome::default();
         // The folder is scanned on a blocking thread while the server lists
         // its memories: two independent reads, so a pass takes the longer
@@ -434,7 +528,7 @@ impl Store {
             }
             Err(_) => return Some(base.to_string()),
         }
-        if *deletes >= cap {
+        if *deletes >= cap || self.throttled {
             return Some(base.to_string());
         }
         *deletes += 1;
@@ -454,11 +548,24 @@ impl Store {
                     "memory deleted here but changed remotely; the remote version stays");
                 Some(base.to_string())
             }
+            Err(e) if status(&e) == Some(429) => {
+                self.throttle();
+                Some(base.to_string())
+            }
             Err(e) => {
                 tracing::warn!(memory_store_id = %self.id, path = rel, error = %e, "could not delete a memory");
                 Some(base.to_string())
             }
         }
+    }
+
+    /// The write rate refused a write: the rest of this pass sends none.
+    fn throttle(&mut self) {
+        if !self.throttled {
+            tracing::info!(memory_store_id = %self.id,
+                "the sessions token's memory write rate is spent; the remaining changes go in a later sync");
+        }
+        self.throttled = true;
     }
 
     fn remove_local(&self, rel: &str, expect: &str) -> Removal {
@@ -499,6 +606,9 @@ impl Store {
         existing: Option<&Listed>,
         outcome: &mut Outcome,
     ) -> Option<String> {
+        if self.throttled {
+            return None;
+        }
         let content = match self.load(rel) {
             Ok(content) => content,
             Err(why) => return self.pushed(rel, local_sha, why, outcome),
@@ -537,6 +647,11 @@ impl Store {
                     tracing::warn!(memory_store_id = %self.id, path = rel, reason = %why,
                         "this file cannot be a memory; it stays unsynced until it changes");
                 }
+                None
+            }
+            Pushed::Throttled => {
+                self.sent.remove(rel);
+                self.throttle();
                 None
             }
             Pushed::Failed(why) => {
@@ -643,7 +758,14 @@ impl Store {
             .map(|(rel, local_sha, content, existing)| {
                 let id = id.clone();
                 async move {
-                    let result = push(client, &id, &rel, &content, existing.as_ref()).await;
+                    // No later pass comes: a throttled upload waits its turn
+                    // (the caller bounds the flush).
+                    let result = loop {
+                        match push(client, &id, &rel, &content, existing.as_ref()).await {
+                            Pushed::Throttled => tokio::time::sleep(THROTTLED_PAUSE).await,
+                            other => break other,
+                        }
+                    };
                     (rel, local_sha, result)
                 }
             })
@@ -693,6 +815,7 @@ async fn push(
     match answer {
         Ok(m) => Pushed::Saved(m.content_sha256),
         Err(e) if status(&e) == Some(409) => Pushed::Lost,
+        Err(e) if status(&e) == Some(429) => Pushed::Throttled,
         Err(e) if matches!(status(&e), Some(400 | 413)) => Pushed::Refused(e.to_string()),
         Err(e) => Pushed::Failed(e.to_string()),
     }

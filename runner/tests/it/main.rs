@@ -7,6 +7,7 @@ mod behaviour;
 mod e2e;
 mod item;
 mod memory;
+mod memory_fit;
 mod session;
 mod skills;
 mod tools;

@@ -38,13 +38,13 @@ async fn api_with_root(db: sqlx::PgPool) -> (TestApp, TempDir) {
 
 /// A Session attaching `stores` (`(id, access)`), its Work claimed: the
 /// Session as the runner reads it, the Work, and a client with its token.
-async fn session_for(api: &TestApp, stores: &[(&str, &str)]) -> (Session, Work, Client) {
+pub(crate) async fn session_for(api: &TestApp, stores: &[(&str, &str)]) -> (Session, Work, Client) {
     let (session, work, client, _) = session_with_token(api, stores).await;
     (session, work, client)
 }
 
 /// [`session_for`], with the sessions token itself.
-async fn session_with_token(
+pub(crate) async fn session_with_token(
     api: &TestApp,
     stores: &[(&str, &str)],
 ) -> (Session, Work, Client, String) {
@@ -72,7 +72,7 @@ async fn session_with_token(
     (session, work, client, claim.token)
 }
 
-fn root_of(session: &Session, i: usize) -> PathBuf {
+pub(crate) fn root_of(session: &Session, i: usize) -> PathBuf {
     match &session.resources[i] {
         mango_protocol::sessions::SessionResource::MemoryStore(m) => {
             PathBuf::from(m.mount_path.as_deref().unwrap())
@@ -81,25 +81,25 @@ fn root_of(session: &Session, i: usize) -> PathBuf {
     }
 }
 
-async fn mount(client: &Client, session: &Session, workspace: &Path) -> Mounted {
+pub(crate) async fn mount(client: &Client, session: &Session, workspace: &Path) -> Mounted {
     match Mounted::download(client, session, workspace, Duration::from_secs(15)).await {
         Ok(m) => m,
         Err(e) => panic!("download failed: {e:?}"),
     }
 }
 
-fn read(root: &Path, rel: &str) -> Option<String> {
+pub(crate) fn read(root: &Path, rel: &str) -> Option<String> {
     std::fs::read_to_string(root.join(rel)).ok()
 }
 
-fn write(root: &Path, rel: &str, content: &str) {
+pub(crate) fn write(root: &Path, rel: &str, content: &str) {
     let path = root.join(rel);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, content).unwrap();
 }
 
 /// The server's content at `path` (`None`: no memory there).
-async fn remote(api: &TestApp, store: &str, path: &str) -> Option<String> {
+pub(crate) async fn remote(api: &TestApp, store: &str, path: &str) -> Option<String> {
     api.memory_at(store, path)
         .await
         .map(|m| m["content"].as_str().unwrap().to_string())
@@ -910,7 +910,7 @@ async fn sigterm_with_no_stop_flushes_and_leaves_the_lease_to_expire(db: sqlx::P
     a_signal_flushes_unsynced_changes(db, false).await;
 }
 
-fn start_runner(
+pub(crate) fn start_runner(
     api: &TestApp,
     work: &Work,
     session_id: &str,
@@ -919,7 +919,7 @@ fn start_runner(
     start_runner_with(api, work, session_id, workspace, &[])
 }
 
-fn start_runner_with(
+pub(crate) fn start_runner_with(
     api: &TestApp,
     work: &Work,
     session_id: &str,
