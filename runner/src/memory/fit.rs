@@ -119,6 +119,11 @@ pub enum Fit {
 }
 
 pub fn fit(need_blocks: u64, space: &Space) -> Fit {
+    // A filesystem that reports no size (ramfs, some FUSE ones) has no
+    // limit statvfs can tell: the download finds out.
+    if space.total_blocks == 0 {
+        return Fit::Fits;
+    }
     if need_blocks > space.total_blocks {
         Fit::Never
     } else if need_blocks > space.available_blocks {
@@ -193,6 +198,12 @@ mod tests {
         assert_eq!(fit(201, &space), Fit::NotNow);
         assert_eq!(fit(256, &space), Fit::NotNow);
         assert_eq!(fit(257, &space), Fit::Never);
+        let unsized_fs = Space {
+            total_blocks: 0,
+            available_blocks: 0,
+            ..space
+        };
+        assert_eq!(fit(1_000_000, &unsized_fs), Fit::Fits);
     }
 
     #[test]
