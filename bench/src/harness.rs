@@ -132,6 +132,9 @@ impl Bench {
             skill_archives: mango_api::skills::objects::Archives::local(&scratch.join("archives"))
                 .map_err(|e| anyhow::anyhow!("the Skill archive folder: {e}"))?,
             memory_mount_root: scratch.join("memory").to_string_lossy().into_owned(),
+            // The bench appends the agent's events itself (it measures the
+            // api and the runner, not a model).
+            caller_plays_model: true,
             ..Settings::default()
         };
         let ctx = ApiContext::new(pool.clone(), settings);

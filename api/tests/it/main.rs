@@ -17,6 +17,7 @@ mod lifecycle_edges;
 mod memory_access;
 mod memory_api;
 mod memory_prompt;
+mod model_failures;
 mod notifications;
 mod openapi;
 mod session_events;
