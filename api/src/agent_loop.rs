@@ -1,12 +1,17 @@
 //! The agent loop (spec §6): for each Session with a pending outbox row,
 //! decide the next step from its events ([`turn::next`]), call the model
-//! endpoint, and commit the reply's events. Durable by construction:
+//! endpoint, and commit the reply's events. Without an endpoint it runs too,
+//! and answers each turn the model would take with a terminal
+//! `session.error` that names the settings, so no Session waits in silence.
+//! Failed calls the endpoint may answer later (429, 529, 5xx, timeouts, no
+//! connection) are retried three times, after the wait the answer
+//! asked for (`retry-after`) or else a doubling back-off. Durable by construction:
 //! * one step per Session at a time across replicas (an advisory lock);
 //! * `span.model_request_start` is appended before the call and the reply's
 //!   events plus `span.model_request_end` commit together, so after a restart
 //!   an open request is resumed and a stored reply is never requested again.
 
-use crate::context::ApiContext;
+use crate::context::{ApiContext, NO_MODEL_MESSAGE};
 use crate::error::ApiError;
 use crate::model::{ModelEndpoint, ModelFailure};
 use crate::service::admission::emit;
@@ -14,8 +19,8 @@ use crate::service::agent_steps;
 use crate::store::{events, outbox, sessions, steps};
 use crate::turn::{self, AgentTools, Next};
 use mango_protocol::events::{
-    EventBody, ModelRequestEnd, RetryStatus, SessionError, SessionErrorDetail, SessionStatusIdle,
-    StopReason,
+    EventBody, ModelRequestEnd, RetryStatus, SessionError, SessionErrorDetail, SessionErrorType,
+    SessionStatusIdle, StopReason,
 };
 use mango_protocol::sessions::SessionStatus;
 use std::sync::Arc;
@@ -24,8 +29,9 @@ use std::time::Duration;
 /// Retries of an overloaded or rate-limited model call before giving up.
 const MODEL_RETRIES: u32 = 3;
 
-/// Runs the loop until the process exits.
-pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
+/// Runs the loop until the process exits; `model: None` answers every
+/// turn with the error that no model endpoint is configured.
+pub async fn run(ctx: ApiContext, model: Option<Arc<ModelEndpoint>>) {
     // Sessions advance side by side: one slow model call must not hold up the
     // others. The advisory lock keeps each Session to one step at a time
     // across replicas; `driving` avoids re-spawning one already in hand here.
@@ -50,7 +56,7 @@ pub async fn run(ctx: ApiContext, model: Arc<ModelEndpoint>) {
                     };
                     let (ctx, model, driving) = (ctx.clone(), model.clone(), driving.clone());
                     tokio::spawn(async move {
-                        let stepped = match drive(&ctx, &model, &session_id).await {
+                        let stepped = match drive(&ctx, model.as_deref(), &session_id).await {
                             Ok(stepped) => stepped,
                             Err(err) => {
                                 tracing::warn!(session_id, error = %err.message, "agent loop step failed");
@@ -81,7 +87,7 @@ const CONCURRENT_SESSIONS: usize = 32;
 /// process is stepping it.
 pub async fn drive(
     ctx: &ApiContext,
-    model: &ModelEndpoint,
+    model: Option<&ModelEndpoint>,
     session_id: &str,
 ) -> Result<bool, ApiError> {
     // Held on this connection for the whole step; released on return or when
@@ -97,7 +103,7 @@ pub async fn drive(
 
 async fn step_until_waiting(
     ctx: &ApiContext,
-    model: &ModelEndpoint,
+    model: Option<&ModelEndpoint>,
     session_id: &str,
 ) -> Result<(), ApiError> {
     let mut failures = 0;
@@ -127,7 +133,22 @@ async fn step_until_waiting(
                 });
                 emit(ctx, session_id, vec![idle]).await?;
             }
+            Next::CallModel { .. } if model.is_none() => {
+                // Nothing will answer: say so at once, with what to set.
+                let failure = ModelFailure {
+                    kind: SessionErrorType::ModelRequestFailedError,
+                    message: NO_MODEL_MESSAGE.to_string(),
+                    retryable: false,
+                    retry_after: None,
+                };
+                let idle = EventBody::SessionStatusIdle(SessionStatusIdle {
+                    stop_reason: StopReason::RetriesExhausted,
+                });
+                let error = session_error(&failure, RetryStatus::Terminal);
+                emit(ctx, session_id, vec![error, idle]).await?;
+            }
             Next::CallModel { open_request } => {
+                let model = model.expect("matched above");
                 let start_id = match open_request {
                     Some(id) => id,
                     None => {
@@ -140,8 +161,12 @@ async fn step_until_waiting(
                         stored.last().map(|e| e.id.clone()).unwrap_or_default()
                     }
                 };
-                let mut body = turn::request(&session.agent.0, &events, model.max_tokens);
-                turn::with_memory(&mut body, &session.resources.0);
+                let body = turn::request(
+                    &session.agent.0,
+                    &session.resources.0,
+                    &events,
+                    model.max_tokens,
+                );
                 match model.messages(&body).await {
                     Ok(reply) => {
                         let tools = AgentTools::from_snapshot(&session.agent.0);
@@ -155,7 +180,10 @@ async fn step_until_waiting(
                         failures += 1;
                         let retrying = session_error(&failure, RetryStatus::Retrying);
                         emit(ctx, session_id, vec![retrying]).await?;
-                        tokio::time::sleep(model.backoff * 2u32.pow(failures - 1)).await;
+                        let wait = failure
+                            .retry_after
+                            .unwrap_or(model.backoff * 2u32.pow(failures - 1));
+                        tokio::time::sleep(wait).await;
                     }
                     Err(failure) => {
                         let retry = if failure.retryable {

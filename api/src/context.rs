@@ -18,12 +18,23 @@ pub struct Settings {
     pub sweep_interval: std::time::Duration,
     /// Event streams send `event: ping` at least this often (the spec allows 15 s).
     pub stream_ping_interval: std::time::Duration,
-    /// The Messages-API-compatible endpoint the agent loop calls; `None` runs no loop.
+    /// The Messages-API-compatible endpoint the agent loop calls (see
+    /// [`Settings::agent_loop`] for what happens without one).
     pub model_base_url: Option<String>,
     /// Sent as `x-api-key` to the model endpoint only.
     pub model_api_key: Option<Secret>,
-    /// First back-off after an overloaded or failed model call (doubles per retry).
+    /// First back-off after an overloaded or failed model call (doubles per
+    /// retry) when the endpoint does not say how long to wait (`retry-after`).
     pub model_retry_backoff: std::time::Duration,
+    /// How long one model call may take before it counts as failed (and is retried).
+    pub model_request_timeout: std::time::Duration,
+    /// Without a model endpoint: `false` (what `mango serve` does) answers
+    /// input the model would answer with a `session.error` naming the
+    /// settings, and starts no Work for it; `true` says the caller plays the
+    /// model's part in-process (the testkit's `TestApp::start`,
+    /// `mango-bench`): it appends the agent's events itself, so input is
+    /// admitted and activated as with an endpoint, and no loop runs.
+    pub caller_plays_model: bool,
     /// A Work item reclaimed more often than this is failed instead of
     /// handed out again (spec §3; `MANGO_MAX_RECLAIMS`).
     pub max_reclaims: u32,
@@ -34,6 +45,46 @@ pub struct Settings {
     /// What a Memory Store may hold and keep, and how fast a sessions
     /// token may write to one (`MANGO_MEMORY_STORE_MAX_BYTES` …).
     pub memory_limits: crate::memory_quota::MemoryLimits,
+}
+
+/// Who answers a Session's input, from [`Settings`].
+#[derive(Debug, Clone, Copy)]
+pub enum AgentLoop<'a> {
+    /// The agent loop calls this endpoint.
+    Model {
+        base_url: &'a str,
+        api_key: Option<&'a Secret>,
+    },
+    /// No endpoint: the loop answers what the model would answer with a
+    /// terminal `session.error` ([`NO_MODEL_MESSAGE`]), and input starts no Work.
+    NoModel,
+    /// The caller appends the agent's events itself; no loop runs.
+    CallerPlaysModel,
+}
+
+/// The `session.error` message of a Session whose input no model can answer.
+pub const NO_MODEL_MESSAGE: &str =
+    "no model endpoint is configured, so nothing can answer this Session: \
+start the api with ANTHROPIC_API_KEY (the Anthropic API) or MANGO_MODEL_BASE_URL \
+(a Messages-API-compatible endpoint, with MANGO_MODEL_API_KEY), then send the input again";
+
+impl Settings {
+    pub fn agent_loop(&self) -> AgentLoop<'_> {
+        match (&self.model_base_url, self.caller_plays_model) {
+            (Some(base_url), _) => AgentLoop::Model {
+                base_url,
+                api_key: self.model_api_key.as_ref(),
+            },
+            (None, false) => AgentLoop::NoModel,
+            (None, true) => AgentLoop::CallerPlaysModel,
+        }
+    }
+
+    /// Whether runnable input makes Work at admission: only when something
+    /// will answer it (the worker's Work would otherwise wait for nothing).
+    pub fn input_activates(&self) -> bool {
+        !matches!(self.agent_loop(), AgentLoop::NoModel)
+    }
 }
 
 /// A value that never appears in Debug output or logs.
@@ -56,6 +107,8 @@ impl Default for Settings {
             model_base_url: None,
             model_api_key: None,
             model_retry_backoff: std::time::Duration::from_secs(1),
+            model_request_timeout: std::time::Duration::from_secs(600),
+            caller_plays_model: false,
             max_reclaims: 10,
             skill_archives: Default::default(),
             memory_mount_root: crate::memory_rules::DEFAULT_MOUNT_ROOT.to_string(),

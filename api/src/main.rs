@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use mango_api::memory_quota as quota;
+use mango_api::model::ModelConfig;
 use mango_api::store::keys::{self, CreateKeyError, KeyRow};
 use mango_api::{server, ApiContext, Settings, MIGRATOR};
 use mango_protocol::time;
@@ -80,12 +81,22 @@ enum Command {
         listen_addr: String,
         #[arg(long)]
         no_migrate: bool,
-        /// A Messages-API-compatible endpoint for the agent loop; without it no loop runs.
+        /// A Messages-API-compatible endpoint for the agent loop. Without it,
+        /// the Anthropic API when a key is set (MANGO_MODEL_API_KEY or
+        /// ANTHROPIC_API_KEY); with no key either, every Session's input is
+        /// answered with a session.error saying that no model is configured.
         #[arg(long, env = "MANGO_MODEL_BASE_URL")]
         model_base_url: Option<String>,
         /// Sent to the model endpoint as x-api-key; never stored, logged or sent to a sandbox.
         #[arg(long, env = "MANGO_MODEL_API_KEY", hide_env_values = true)]
         model_api_key: Option<String>,
+        /// The Anthropic API's key, used (with https://api.anthropic.com) when
+        /// MANGO_MODEL_BASE_URL is unset; never sent to another endpoint.
+        #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
+        anthropic_api_key: Option<String>,
+        /// Seconds one model call may take before it fails and is retried (1..=3600).
+        #[arg(long, env = "MANGO_MODEL_TIMEOUT_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        model_timeout_seconds: u64,
         /// Lease TTL when a heartbeat asks for none (1..=300).
         #[arg(long, env = "MANGO_DEFAULT_TTL_SECONDS", default_value_t = 120, value_parser = clap::value_parser!(i64).range(1..=300))]
         default_ttl_seconds: i64,
@@ -166,6 +177,8 @@ const LONG_FLAGS: &[&str] = &[
     "listen-addr",
     "model-base-url",
     "model-api-key",
+    "anthropic-api-key",
+    "model-timeout-seconds",
     "no-migrate",
     "default-ttl-seconds",
     "max-reclaims",
@@ -270,11 +283,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_reclaims,
             model_base_url,
             model_api_key,
+            anthropic_api_key,
+            model_timeout_seconds,
             object_store,
             memory_mount_root,
             memory_limits,
         } => {
             init_logging("info");
+            let model = ModelConfig::resolve(model_base_url, model_api_key, anthropic_api_key);
+            if let Some(model) = &model {
+                tracing::info!(model = %model.describe(), "model endpoint");
+            }
             let skill_archives = mango_api::skills::objects::Archives::open(&object_store)?;
             tracing::info!(store = %skill_archives.location(), "Skill archives");
             let pool = connect_as_api(&db).await?;
@@ -296,8 +315,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = Settings {
                 default_ttl_seconds,
                 max_reclaims,
-                model_base_url,
-                model_api_key: model_api_key.map(mango_api::context::Secret),
+                model_base_url: model.as_ref().map(|m| m.base_url.clone()),
+                model_api_key: model.and_then(|m| m.api_key),
+                model_request_timeout: std::time::Duration::from_secs(model_timeout_seconds),
                 skill_archives,
                 memory_mount_root,
                 memory_limits: memory_limits.into(),

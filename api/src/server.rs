@@ -1,6 +1,6 @@
 //! Running the api: the HTTP server, the wake-up listener and the sweeper.
 
-use crate::context::ApiContext;
+use crate::context::{AgentLoop, ApiContext};
 use crate::service::work;
 use crate::{listener, routes};
 use axum::serve::ListenerExt;
@@ -62,24 +62,32 @@ pub async fn serve_all(
     result
 }
 
-/// The LISTEN fan-out, the sweeper and (with a model endpoint) the agent
-/// loop; all are per process and safe to run on every replica.
+/// The LISTEN fan-out, the sweeper and the agent loop (unless the caller
+/// plays the model's part); all are per process and safe to run on every replica.
 pub fn start_background(ctx: &ApiContext) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = vec![
         tokio::spawn(listener::listen(ctx.clone())),
         tokio::spawn(sweep_forever(ctx.clone())),
     ];
-    match &ctx.settings.model_base_url {
-        Some(base) => {
-            let key = ctx.settings.model_api_key.as_ref().map(|k| k.0.clone());
-            let mut endpoint = crate::model::ModelEndpoint::new(base, key);
+    let model = match ctx.settings.agent_loop() {
+        AgentLoop::Model { base_url, api_key } => {
+            let key = api_key.map(|k| k.0.clone());
+            let mut endpoint =
+                crate::model::ModelEndpoint::new(base_url, key, ctx.settings.model_request_timeout);
             endpoint.backoff = ctx.settings.model_retry_backoff;
-            let model = std::sync::Arc::new(endpoint);
-            tracing::info!(model_base_url = %base, "agent loop running");
-            tasks.push(tokio::spawn(crate::agent_loop::run(ctx.clone(), model)));
+            tracing::info!(model_base_url = %base_url, "agent loop running");
+            Some(std::sync::Arc::new(endpoint))
         }
-        None => tracing::info!("agent loop off: MANGO_MODEL_BASE_URL is not set"),
-    }
+        AgentLoop::NoModel => {
+            tracing::warn!(
+                "agent loop without a model: no MANGO_MODEL_BASE_URL or ANTHROPIC_API_KEY is set, \
+                 so every Session's input gets a session.error saying so"
+            );
+            None
+        }
+        AgentLoop::CallerPlaysModel => return tasks,
+    };
+    tasks.push(tokio::spawn(crate::agent_loop::run(ctx.clone(), model)));
     tasks
 }
 

@@ -139,6 +139,9 @@ impl Bench {
                 store_max_memories: i64::MAX,
                 ..Default::default()
             },
+            // The bench appends the agent's events itself (it measures the
+            // api and the runner, not a model).
+            caller_plays_model: true,
             ..Settings::default()
         };
         let ctx = ApiContext::new(pool.clone(), settings);

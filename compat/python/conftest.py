@@ -326,7 +326,30 @@ def _serve_fresh_database(extra_env: Optional[Dict[str, str]] = None) -> Iterato
 
 @pytest.fixture(scope="session")
 def mango() -> Any:
-    """`mango serve` without a model endpoint: no agent loop runs."""
+    """`mango serve` whose agent loop answers every turn at once with a short
+    text: input starts Work as it does with any model,
+    and each turn ends in `session.status_idle` `end_turn`."""
+    with serve_with_answering_model() as server:
+        yield server
+
+
+@contextlib.contextmanager
+def serve_with_answering_model() -> Iterator[Mango]:
+    """A `mango serve` on a database of its own whose model answers every call
+    at once with a short text that ends the turn."""
+    model = ScriptedModel(default=model_reply([{"type": "text", "text": "ok"}], "end_turn"))
+    try:
+        extra = {"MANGO_MODEL_BASE_URL": model.base_url, "MANGO_MODEL_API_KEY": MODEL_API_KEY}
+        with _serve_fresh_database(extra) as server:
+            yield server
+    finally:
+        model.stop()
+
+
+@pytest.fixture(scope="module")
+def mango_without_model() -> Any:
+    """`mango serve` with no model endpoint at all (neither MANGO_MODEL_BASE_URL
+    nor ANTHROPIC_API_KEY): every Session's input gets a session.error."""
     with _serve_fresh_database() as server:
         yield server
 
@@ -336,9 +359,11 @@ def mango() -> Any:
 
 class ScriptedModel:
     """A stand-in Messages API endpoint: answers `POST /v1/messages` with queued
-    (status, body) replies in order and records every request (headers, JSON body)."""
+    (status, body) replies in order and records every request (headers, JSON body).
+    With a `default` reply it answers with that at once when nothing is queued;
+    without one it waits up to 10 s for a reply to be queued, then answers 500."""
 
-    def __init__(self) -> None:
+    def __init__(self, default: Optional[Dict[str, Any]] = None) -> None:
         self.replies: "queue.Queue[Tuple[int, Dict[str, Any]]]" = queue.Queue()
         self.requests: List[Tuple[Dict[str, str], Dict[str, Any]]] = []
         model = self
@@ -351,8 +376,13 @@ class ScriptedModel:
                     status, reply = 404, {"type": "error", "error": {"type": "not_found_error", "message": self.path}}
                 else:
                     try:
-                        status, reply = model.replies.get(timeout=10)
+                        if default is not None:
+                            status, reply = model.replies.get_nowait()
+                        else:
+                            status, reply = model.replies.get(timeout=10)
                     except queue.Empty:
+                        status, reply = 200, dict(default or {})
+                    if not reply:
                         status, reply = 500, {
                             "type": "error",
                             "error": {"type": "api_error", "message": "script exhausted"},

@@ -316,7 +316,10 @@ def test_the_sdk_environment_worker_syncs_an_attached_store_against_mango(
     assert versions[0].created_by is not None and versions[0].created_by.type == "session_actor"
     assert getattr(versions[0].created_by, "session_id") == session.id
     # The model was told about the store; the worker removed its folder.
-    system = model.requests[-2][1]["system"]
+    # One text block, marked for the prompt cache.
+    [block] = model.requests[-2][1]["system"]
+    assert block["cache_control"] == {"type": "ephemeral"}, block
+    system = block["text"]
     assert f"- Path: {mount}" in system and "- Instructions: keep it short" in system, system
     assert not mount.exists()
     assert ws.beta.environments.work.retrieve(item.id, environment_id=env.id).state == "stopped"

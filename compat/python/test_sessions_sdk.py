@@ -40,6 +40,9 @@ from conftest import EnvHandle, Mango, Recorder, httpx, sessions_token_of
 pytestmark = pytest.mark.timeout(60)
 
 SESSION_STATUSES = {"idle", "running", "rescheduling", "terminated"}
+# What a client sends; the `mango` fixture's agent loop adds its own events
+# (a turn per message) beside them, which the event-log tests leave out.
+CLIENT_TYPES = ["user.message", "user.interrupt", "system.message"]
 STREAM_PING_INTERVAL_S = 10.0  # server default (api/src/context.rs)
 
 
@@ -57,6 +60,21 @@ def user_message(text: str) -> Dict[str, Any]:
 def texts(events: List[Any]) -> List[Optional[str]]:
     """The text of each user.message (None for other events)."""
     return [e.content[0].text if e.type == "user.message" else None for e in events]
+
+
+def client_only(events: List[Any]) -> List[Any]:
+    return [e for e in events if e.type in CLIENT_TYPES]
+
+
+def until_turns(ws_client: anthropic.Anthropic, session_id: str, turns: int, timeout: float = 15.0) -> List[Any]:
+    """Waits until the agent loop ended `turns` turns of the Session (its idles); returns the events."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = list(ws_client.beta.sessions.events.list(session_id, limit=1000))
+        if sum(e.type == "session.status_idle" for e in events) >= turns:
+            return events
+        assert time.monotonic() < deadline, f"{turns} turn(s) not ended: {[e.type for e in events]}"
+        time.sleep(0.05)
 
 
 def make_agent(ws_client: anthropic.Anthropic, label: str = "sessions") -> Any:
@@ -108,6 +126,7 @@ def fail_work(mango: Mango, env: EnvHandle, work_id: str, token: str, message: s
 
 def terminated_session(mango: Mango, ws_client: anthropic.Anthropic, env: EnvHandle, agent: Any) -> Any:
     s = new_session(ws_client, agent, env.id)
+    until_turns(ws_client, s.id, 1)
     item = claim_session_work(env, s.id)
     fail_work(mango, env, item["id"], item["token"])
     got = ws_client.beta.sessions.retrieve(s.id)
@@ -118,10 +137,11 @@ def terminated_session(mango: Mango, ws_client: anthropic.Anthropic, env: EnvHan
 class StreamReader(threading.Thread):
     """Iterates an SDK event stream in a thread until `expected` events arrived (or it ends)."""
 
-    def __init__(self, stream: Any, expected: int) -> None:
+    def __init__(self, stream: Any, expected: int, keep: Any = None) -> None:
         super().__init__(daemon=True)
         self.stream = stream
         self.expected = expected
+        self.keep = keep or (lambda ev: True)  # the events it collects; others pass by
         self.events: List[Any] = []
         self.arrivals: "queue.Queue[Any]" = queue.Queue()
         self.error: Optional[BaseException] = None
@@ -130,6 +150,8 @@ class StreamReader(threading.Thread):
     def run(self) -> None:
         try:
             for ev in self.stream:
+                if not self.keep(ev):
+                    continue
                 self.events.append(ev)
                 self.arrivals.put(ev)
                 if len(self.events) >= self.expected:
@@ -239,11 +261,17 @@ def test_session_lifecycle(mango: Mango, ws_client: anthropic.Anthropic, fresh_e
 
     fetched = sessions.retrieve(created.id)
     assert isinstance(fetched, BetaManagedAgentsSession)
-    assert as_dict(fetched) == as_dict(created), "retrieve returns what create returned"
+    # The agent loop's turn moves only the status (and so updated_at).
+    moving = ("status", "updated_at")
+    assert {k: v for k, v in as_dict(fetched).items() if k not in moving} == {
+        k: v for k, v in as_dict(created).items() if k not in moving
+    }, "retrieve returns what create returned"
+    assert fetched.status in SESSION_STATUSES
 
     # The initial user.message is the first event of the Session.
     history = list(sessions.events.list(created.id))
-    assert [e.type for e in history] == ["user.message"]
+    assert history[0].type == "user.message"
+    assert [e.type for e in client_only(history)] == ["user.message"]
     assert isinstance(history[0], BetaManagedAgentsUserMessageEvent)
     assert history[0].content[0].text == "hi"
     assert history[0].id and history[0].processed_at is not None
@@ -396,7 +424,7 @@ def test_events_send_and_list_auto_pagination(
 
     client = mango.client(api_key=mango.workspace_key, recorder=recorder)
     recorder.clear()
-    listed = list(client.beta.sessions.events.list(s.id, limit=2))
+    listed = list(client.beta.sessions.events.list(s.id, limit=2, types=CLIENT_TYPES))
     # ascending by default: m0 (initial), m1, m2, interrupt, m3, system.message
     assert [e.type for e in listed] == [
         "user.message",
@@ -416,14 +444,17 @@ def test_events_send_and_list_auto_pagination(
     assert all("limit=2" in str(r.url) for r in gets) and all("page=" in str(r.url) for r in gets[1:])
     assert not any("order=" in str(r.url) for r in gets), "the SDK relies on the server default"
 
-    pages = list(client.beta.sessions.events.list(s.id, limit=4).iter_pages())
+    pages = list(client.beta.sessions.events.list(s.id, limit=4, types=CLIENT_TYPES).iter_pages())
     assert [len(p.data) for p in pages] == [4, 2] and not pages[-1].next_page
 
-    desc = [e.id for e in events.list(s.id, order="desc", limit=5)]
+    desc = [e.id for e in events.list(s.id, order="desc", limit=5, types=CLIENT_TYPES)]
     assert desc == [e.id for e in reversed(listed)]
 
     # The worker's reconcile call: limit=1000 is accepted.
-    assert [e.id for e in events.list(s.id, limit=1000)] == [e.id for e in listed]
+    assert [e.id for e in events.list(s.id, limit=1000, types=CLIENT_TYPES)] == [e.id for e in listed]
+    # Beside them, the agent loop's turns, in the same ascending order.
+    everything = list(events.list(s.id, limit=1000))
+    assert [e.id for e in client_only(everything)] == [e.id for e in listed]
 
     only_interrupts = list(events.list(s.id, types=["user.interrupt"]))
     assert [e.id for e in only_interrupts] == [interrupt.data[0].id]
@@ -496,10 +527,15 @@ def test_strict_response_validation(mango: Mango, ws_client: anthropic.Anthropic
         ],
     )
     assert sent.data is not None and len(sent.data) == 4
-    assert len(list(sessions.events.list(s.id, limit=2))) == 5
+    assert len(list(sessions.events.list(s.id, limit=2, types=CLIENT_TYPES))) == 5
+    # The agent loop's events validate too.
+    until_turns(ws_client, s.id, 2)
+    assert {"span.model_request_start", "agent.message", "span.model_request_end"} <= {
+        e.type for e in sessions.events.list(s.id, limit=2)
+    }
 
     stream = sessions.events.stream(s.id, timeout=20.0)
-    reader = StreamReader(stream, expected=1)
+    reader = StreamReader(stream, expected=1, keep=lambda e: e.type in CLIENT_TYPES)
     reader.start()
     ws_client.beta.sessions.events.send(s.id, events=[user_message("streamed")])
     reader.join(timeout=10)
@@ -523,7 +559,7 @@ def test_events_stream_delivers_typed_events_in_order(
     stream = listener.beta.sessions.events.stream(s.id, timeout=20.0)
     assert stream.response.status_code == 200
     assert stream.response.headers["content-type"].startswith("text/event-stream")
-    reader = StreamReader(stream, expected=4)
+    reader = StreamReader(stream, expected=4, keep=lambda e: e.type in CLIENT_TYPES)
     reader.start()
 
     sent = ws_client.beta.sessions.events.send(s.id, events=[user_message("a"), user_message("b")])
@@ -543,7 +579,8 @@ def test_events_stream_delivers_typed_events_in_order(
     assert texts(got) == ["a", "b", None, "c"], "events committed before the stream opened are not replayed"
     assert [e.id for e in got] == [e.id for e in sent.data + more.data + last.data]  # type: ignore[operator]
     # History + stream cover everything (the runner's reconcile contract).
-    assert [e.id for e in ws_client.beta.sessions.events.list(s.id)][1:] == [e.id for e in got]
+    history = client_only(list(ws_client.beta.sessions.events.list(s.id)))
+    assert [e.id for e in history][1:] == [e.id for e in got]
 
 
 def test_events_stream_frames_and_pings(mango: Mango, ws_client: anthropic.Anthropic, environment: Dict[str, Any]) -> None:
@@ -558,7 +595,7 @@ def test_events_stream_frames_and_pings(mango: Mango, ws_client: anthropic.Anthr
     )
     opened = time.monotonic()
     stream = listener.beta.sessions.events.stream(s.id, timeout=30.0)
-    reader = StreamReader(stream, expected=2)
+    reader = StreamReader(stream, expected=2, keep=lambda e: e.type in CLIENT_TYPES)
     reader.start()
 
     first = ws_client.beta.sessions.events.send(s.id, events=[user_message("before ping")])
@@ -578,8 +615,9 @@ def test_events_stream_frames_and_pings(mango: Mango, ws_client: anthropic.Anthr
     assert [e.type for e in reader.events] == ["user.message", "user.message"], "the ping reached the caller"
 
     frames = sse_frames(tee.snapshot())
-    assert [f.get("event") for f in frames] == ["user.message", "ping", "user.message"], frames
-    assert all("data" in f for f in frames)
+    assert all("event" in f and "data" in f for f in frames), frames
+    seen = [f["event"] for f in frames if f["event"] in CLIENT_TYPES + ["ping"]]
+    assert seen == ["user.message", "ping", "user.message"], frames
     listener.close()
     assert time.monotonic() - opened < 15.0
 
@@ -599,7 +637,9 @@ def test_sessions_token_scope(mango: Mango, ws_client: anthropic.Anthropic, fres
     assert worker.beta.sessions.retrieve(s.id).id == s.id
     assert recorder.requests[-1].headers["authorization"] == f"Bearer {item['token']}"
     assert "x-api-key" not in recorder.requests[-1].headers
-    assert [e.type for e in worker.beta.sessions.events.list(s.id, limit=1000)] == ["user.message"]
+    assert [e.type for e in client_only(list(worker.beta.sessions.events.list(s.id, limit=1000)))] == [
+        "user.message"
+    ]
     assert mango.token_client(item["token"]).beta.sessions.retrieve(s.id).id == s.id
 
     recorder.clear()
@@ -652,7 +692,7 @@ def test_sessions_token_scope(mango: Mango, ws_client: anthropic.Anthropic, fres
         worker.beta.sessions.delete(s.id)
 
     # Nothing above was stored.
-    assert [e.type for e in ws_client.beta.sessions.events.list(s.id)] == ["user.message"]
+    assert [e.type for e in client_only(list(ws_client.beta.sessions.events.list(s.id)))] == ["user.message"]
 
 
 def test_sessions_token_stream_sees_operator_events_and_closes_when_work_fails(
@@ -663,12 +703,16 @@ def test_sessions_token_stream_sees_operator_events_and_closes_when_work_fails(
     s = new_session(ws_client, agent, env.id)
     item = claim_session_work(env, s.id)
     worker = mango.client(api_key=item["token"])
+    until_turns(ws_client, s.id, 1)
 
     stream = worker.beta.sessions.events.stream(s.id, timeout=20.0)
-    reader = StreamReader(stream, expected=100)  # runs until the server closes it
+    # The operator's input and the end of the Session; the loop's turn passes by.
+    keep = ("user.message", "session.error", "session.status_terminated")
+    reader = StreamReader(stream, expected=100, keep=lambda e: e.type in keep)  # until the server closes it
     reader.start()
     sent = ws_client.beta.sessions.events.send(s.id, events=[user_message("for the worker")])
     assert reader.next(timeout=5).id == sent.data[0].id  # type: ignore[index]
+    until_turns(ws_client, s.id, 2)
 
     started = time.monotonic()
     fail_work(mango, env, item["id"], item["token"])
@@ -707,6 +751,28 @@ def test_runnable_input_coalesces_into_one_live_work(
     claim_session_work(env, s.id)
     ws_client.beta.sessions.events.send(s.id, events=[user_message("and again")])
     assert poll_now(env) is None, "one live Work per Session"
+
+
+# --------------------------------------------------------------------- without a model
+
+
+def test_without_a_model_the_sdk_sees_a_session_error_at_once_and_no_work(mango_without_model: Mango) -> None:
+    """A Session of a server with no model endpoint is told so, names the settings, and starts no sandbox."""
+    server = mango_without_model
+    ws = server.client(api_key=server.workspace_key)
+    env = server.new_environment("compat-no-model")
+    agent = make_agent(ws, "no-model")
+    s = ws.beta.sessions.create(agent=agent.id, environment_id=env.id, initial_events=[user_message("run ls")])
+    events = until_turns(ws, s.id, 1, timeout=10.0)
+    assert [e.type for e in events] == ["user.message", "session.error", "session.status_idle"]
+    error = events[1]
+    assert isinstance(error, BetaManagedAgentsSessionErrorEvent)
+    assert error.error.type == "model_request_failed_error"
+    assert error.error.retry_status.type == "terminal"
+    assert "MANGO_MODEL_BASE_URL" in error.error.message and "ANTHROPIC_API_KEY" in error.error.message
+    assert events[2].stop_reason.type == "retries_exhausted"
+    assert ws.beta.sessions.retrieve(s.id).status == "idle"
+    assert env.client.beta.environments.work.poll(env.id) is None, "no Work for input nothing will answer"
 
 
 # --------------------------------------------------------------------- error classes
@@ -748,7 +814,8 @@ def test_send_to_terminated_session_conflicts_without_retry(
     agent = make_agent(ws_client)
     dead = terminated_session(mango, ws_client, env, agent)
     history = list(ws_client.beta.sessions.events.list(dead.id))
-    assert [e.type for e in history] == ["user.message", "session.error", "session.status_terminated"]
+    assert history[0].type == "user.message"
+    assert [e.type for e in history[-2:]] == ["session.error", "session.status_terminated"]
 
     counted = Recorder()
     operator = mango.client(api_key=mango.workspace_key, recorder=counted)
@@ -763,7 +830,7 @@ def test_send_to_terminated_session_conflicts_without_retry(
     assert elapsed < 0.5, f"terminated-session 409 took {elapsed:.3f}s: was it retried?"
     assert e.body["error"]["type"] == "conflict_error"
     assert e.error_code == "session_terminated"
-    assert len(list(ws_client.beta.sessions.events.list(dead.id))) == 3, "nothing stored"
+    assert len(list(ws_client.beta.sessions.events.list(dead.id))) == len(history), "nothing stored"
     assert poll_now(env) is None, "no new Work for a terminated Session"
 
     # Reading and listing a terminated Session still works.

@@ -166,7 +166,7 @@ def test_the_sdk_worker_downloads_the_sessions_skills(
         lambda e: bool(e) and e[-1].type == "session.status_idle" and e[-1].stop_reason.type == "requires_action",
         "requires_action",
     )
-    system = model.requests[before][1]["system"]
+    system = model.requests[before][1]["system"][0]["text"]
     assert "sdk-worker: Run it. (skills/sdk-worker/SKILL.md)" in system, system
 
     item = env.client.beta.environments.work.poll(env.id)

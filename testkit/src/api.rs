@@ -36,8 +36,22 @@ pub struct TestApp {
 }
 
 impl TestApp {
+    /// The api with default settings, and the test playing the model's
+    /// part: it appends the agent's events itself
+    /// ([`crate::append_agent_events`]), so Sessions' input is admitted and
+    /// activated as with a model endpoint, and no agent loop runs. A test of
+    /// the agent loop starts the api with a [`crate::ScriptedModel`]'s
+    /// `model_base_url`, and one of an api without a model with
+    /// `Settings::default()`, through [`TestApp::start_with`].
     pub async fn start(db: PgPool) -> TestApp {
-        Self::start_with(db, Settings::default()).await
+        Self::start_with(
+            db,
+            Settings {
+                caller_plays_model: true,
+                ..Settings::default()
+            },
+        )
+        .await
     }
 
     /// The api with `settings` over the database `db` points at.

@@ -1,17 +1,55 @@
 //! A scripted stand-in for a Messages API endpoint, for the agent loop.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// One queued reply: status, body and how long to wait before answering.
-type Scripted = (u16, Value, Duration);
+/// One queued reply: status, extra headers, the raw body with its content
+/// type, and how long to wait before answering.
+struct Scripted {
+    status: u16,
+    headers: Vec<(String, String)>,
+    content_type: &'static str,
+    body: Vec<u8>,
+    delay: Duration,
+}
+
+impl Scripted {
+    fn json(status: u16, body: &Value, delay: Duration) -> Scripted {
+        Scripted {
+            status,
+            headers: Vec::new(),
+            content_type: "application/json",
+            body: body.to_string().into_bytes(),
+            delay,
+        }
+    }
+
+    fn into_response(self) -> Response {
+        let mut response = (
+            StatusCode::from_u16(self.status).expect("a status"),
+            [(axum::http::header::CONTENT_TYPE, self.content_type)],
+            self.body,
+        )
+            .into_response();
+        for (name, value) in self.headers {
+            response.headers_mut().insert(
+                HeaderName::try_from(name).expect("a header name"),
+                HeaderValue::try_from(value).expect("a header value"),
+            );
+        }
+        response
+    }
+}
+
 type Replies = Arc<Mutex<VecDeque<Scripted>>>;
 type Requests = Arc<Mutex<Vec<(HeaderMap, Value)>>>;
+type Arrivals = Arc<Mutex<Vec<Instant>>>;
 
 /// Answers `POST /v1/messages` with the queued replies in order (status,
 /// body) and records every request; once the script is exhausted, a 500.
@@ -19,6 +57,7 @@ pub struct ScriptedModel {
     pub base: String,
     replies: Replies,
     requests: Requests,
+    arrivals: Arrivals,
     _shutdown: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -26,29 +65,35 @@ impl ScriptedModel {
     pub async fn start(replies: Vec<(u16, Value)>) -> ScriptedModel {
         let queue: Replies = Arc::new(Mutex::new(
             replies
-                .into_iter()
-                .map(|(status, body)| (status, body, Duration::ZERO))
+                .iter()
+                .map(|(status, body)| Scripted::json(*status, body, Duration::ZERO))
                 .collect(),
         ));
         let seen: Requests = Arc::default();
+        let arrivals: Arrivals = Arc::default();
         let app = axum::Router::new()
             .route(
                 "/v1/messages",
                 axum::routing::post(
-                    |State((queue, seen)): State<(Replies, Requests)>, headers: HeaderMap, body: Json<Value>| async move {
+                    |State((queue, seen, arrivals)): State<(Replies, Requests, Arrivals)>,
+                     headers: HeaderMap,
+                     body: Json<Value>| async move {
+                        arrivals.lock().expect("arrivals lock").push(Instant::now());
                         seen.lock().expect("requests lock").push((headers, body.0));
                         let next = queue.lock().expect("script lock").pop_front();
-                        let (status, reply, delay) = next.unwrap_or((
-                            500,
-                            json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}),
-                            Duration::ZERO,
-                        ));
-                        tokio::time::sleep(delay).await;
-                        (StatusCode::from_u16(status).expect("a status"), Json(reply))
+                        let reply = next.unwrap_or_else(|| {
+                            Scripted::json(
+                                500,
+                                &json!({"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}),
+                                Duration::ZERO,
+                            )
+                        });
+                        tokio::time::sleep(reply.delay).await;
+                        reply.into_response()
                     },
                 ),
             )
-            .with_state((queue.clone(), seen.clone()));
+            .with_state((queue.clone(), seen.clone(), arrivals.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
@@ -65,6 +110,7 @@ impl ScriptedModel {
             base,
             replies: queue,
             requests: seen,
+            arrivals,
             _shutdown: tx,
         }
     }
@@ -74,6 +120,11 @@ impl ScriptedModel {
         self.requests.lock().expect("requests lock").clone()
     }
 
+    /// When each request arrived, in order.
+    pub fn arrivals(&self) -> Vec<Instant> {
+        self.arrivals.lock().expect("arrivals lock").clone()
+    }
+
     pub fn push_reply(&self, status: u16, body: Value) {
         self.push_delayed_reply(Duration::ZERO, status, body);
     }
@@ -81,10 +132,33 @@ impl ScriptedModel {
     /// Queues a reply that is sent `delay` after its request arrives (the
     /// request is recorded at once), to hold a model call in flight.
     pub fn push_delayed_reply(&self, delay: Duration, status: u16, body: Value) {
-        self.replies
-            .lock()
-            .expect("script lock")
-            .push_back((status, body, delay));
+        self.push(Scripted::json(status, &body, delay));
+    }
+
+    /// Queues a JSON reply with extra response headers (`retry-after`, …).
+    pub fn push_reply_with_headers(&self, status: u16, headers: &[(&str, &str)], body: Value) {
+        let mut reply = Scripted::json(status, &body, Duration::ZERO);
+        reply.headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.push(reply);
+    }
+
+    /// Queues a reply whose body is `body` as it is, of `content_type` (an
+    /// HTML error page, a truncated body …).
+    pub fn push_raw_reply(&self, status: u16, content_type: &'static str, body: &str) {
+        self.push(Scripted {
+            status,
+            headers: Vec::new(),
+            content_type,
+            body: body.as_bytes().to_vec(),
+            delay: Duration::ZERO,
+        });
+    }
+
+    fn push(&self, reply: Scripted) {
+        self.replies.lock().expect("script lock").push_back(reply);
     }
 }
 

@@ -105,7 +105,9 @@ pub async fn admit(
             appended,
         });
     }
-    if runnable && !has_live_work {
+    // Input that nothing will answer (no model endpoint) starts no Work: the
+    // agent loop answers it with an error instead.
+    if runnable && !has_live_work && settings.input_activates() {
         activation::ensure(
             db,
             settings.default_ttl_seconds,
@@ -137,7 +139,10 @@ pub async fn send(
     events: Vec<SentEvent>,
     settings: &Settings,
 ) -> ApiResult<(Admission, bool)> {
-    if let Some(admitted) = admit_unlocked(db, session_id, workspace_id, sender, &events).await? {
+    let activates = settings.input_activates();
+    if let Some(admitted) =
+        admit_unlocked(db, session_id, workspace_id, sender, &events, activates).await?
+    {
         return Ok((admitted, false));
     }
     let mut tx = sqlx::Connection::begin(&mut *db).await?;
@@ -169,12 +174,14 @@ pub async fn send(
 /// anything [`admit`] must look into further (a Session not found or
 /// archived, a refusal, an answer to a tool call, input that needs a new
 /// activation, a Session that moved on meanwhile) gets its answer there.
+/// `activates`: whether runnable input makes Work ([`Settings::input_activates`]).
 pub async fn admit_unlocked(
     db: &mut PgConnection,
     session_id: &str,
     workspace_id: Option<&str>,
     sender: Sender,
     events: &[SentEvent],
+    activates: bool,
 ) -> ApiResult<Option<Admission>> {
     let bodies: Vec<EventBody> = events.iter().cloned().map(EventBody::from).collect();
     if bodies.iter().any(|e| e.answers().is_some()) {
@@ -188,7 +195,7 @@ pub async fn admit_unlocked(
     let refused = events
         .iter()
         .any(|e| rules::may_send(sender, e, session.status).is_err());
-    let needs_activation = !has_live_work && bodies.iter().any(rules::is_runnable);
+    let needs_activation = activates && !has_live_work && bodies.iter().any(rules::is_runnable);
     if session.archived_at.is_some() || refused || needs_activation {
         return Ok(None);
     }

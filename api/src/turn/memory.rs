@@ -6,7 +6,6 @@
 //! Name and description are the snapshot taken when the Session was created.
 
 use mango_protocol::sessions::{MemoryAccess, MemoryStoreResource, SessionResource};
-use serde_json::{json, Value};
 
 /// The section for `resources`' Memory Stores; `None` when there are none.
 pub fn memory_section(resources: &[SessionResource]) -> Option<String> {
@@ -51,22 +50,20 @@ pub fn memory_section(resources: &[SessionResource]) -> Option<String> {
     Some(out)
 }
 
-/// Adds the memory section to a Messages API request's `system`, after the
-/// Agent's own prompt.
-pub fn with_memory(body: &mut Value, resources: &[SessionResource]) {
-    let Some(section) = memory_section(resources) else {
-        return;
-    };
-    let system = match body.get("system").and_then(Value::as_str) {
-        Some(s) if !s.is_empty() => format!("{s}\n\n{section}"),
-        _ => section,
-    };
-    body["system"] = json!(system);
+/// The system prompt with the memory section after the Agent's own prompt
+/// (`None` when there is neither).
+pub fn with_memory(system: Option<String>, resources: &[SessionResource]) -> Option<String> {
+    let system = system.filter(|s| !s.is_empty());
+    match (system, memory_section(resources)) {
+        (Some(s), Some(section)) => Some(format!("{s}\n\n{section}")),
+        (system, section) => system.or(section),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
 
     fn resources(v: Value) -> Vec<SessionResource> {
         serde_json::from_value(v).unwrap()
@@ -93,25 +90,19 @@ mod tests {
         ), "{section}");
         assert!(!section.contains("file_1"));
 
-        let mut body = json!({"system": "be brief"});
-        with_memory(&mut body, &res);
-        let system = body["system"].as_str().unwrap();
+        let system = with_memory(Some("be brief".into()), &res).unwrap();
         assert!(system.starts_with("be brief\n\n# Memory"), "{system}");
-        let mut body = json!({"model": "m"});
-        with_memory(&mut body, &res);
-        assert!(body["system"].as_str().unwrap().starts_with("# Memory"));
+        let system = with_memory(None, &res).unwrap();
+        assert!(system.starts_with("# Memory"));
     }
 
     #[test]
     fn no_stores_leave_the_prompt_alone() {
-        let mut body = json!({"system": "be brief"});
-        with_memory(
-            &mut body,
-            &resources(json!([{"type": "file", "file_id": "f"}])),
+        let files = resources(json!([{"type": "file", "file_id": "f"}]));
+        assert_eq!(
+            with_memory(Some("be brief".into()), &files).as_deref(),
+            Some("be brief")
         );
-        assert_eq!(body, json!({"system": "be brief"}));
-        let mut body = json!({});
-        with_memory(&mut body, &[]);
-        assert_eq!(body, json!({}));
+        assert_eq!(with_memory(None, &[]), None);
     }
 }

@@ -1,7 +1,7 @@
 //! What the agent loop should do next for a Session, from its events alone.
 
 use super::transcript::transcript;
-use mango_protocol::events::{Confirmation, Event, EventBody, Permission};
+use mango_protocol::events::{Confirmation, Event, EventBody, Permission, RetryStatus};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Next {
@@ -77,6 +77,11 @@ fn is_model_input(body: &EventBody) -> bool {
     )
 }
 
+/// A `session.error` after which nothing is retried.
+fn ends_the_turn_in_error(body: &EventBody) -> bool {
+    matches!(body, EventBody::SessionError(e) if e.error.retry_status != RetryStatus::Retrying)
+}
+
 pub fn next(events: &[Event]) -> Next {
     if terminated(events) {
         return Next::Wait;
@@ -114,15 +119,18 @@ pub fn next(events: &[Event]) -> Next {
     if !pending_calls(events).is_empty() {
         return Next::Wait;
     }
-    // A request that failed for good waits for new input before trying again.
-    let failed_end = events.iter().rposition(
-        |e| matches!(&e.body, EventBody::ModelRequestEnd(end) if end.is_error == Some(true)),
-    );
-    let last_end = events
-        .iter()
-        .rposition(|e| matches!(e.body, EventBody::ModelRequestEnd(_)));
-    if let Some(end) = failed_end.filter(|f| Some(*f) == last_end) {
-        if !events[end..].iter().any(|e| is_model_input(&e.body)) {
+    // A turn that failed for good (a request that ended in error, or an
+    // error no retry follows, as when no model is configured) waits for new
+    // input before trying again.
+    let last_outcome = events.iter().rposition(|e| {
+        matches!(e.body, EventBody::ModelRequestEnd(_)) || ends_the_turn_in_error(&e.body)
+    });
+    if let Some(at) = last_outcome {
+        let failed = match &events[at].body {
+            EventBody::ModelRequestEnd(end) => end.is_error == Some(true),
+            _ => true,
+        };
+        if failed && !events[at..].iter().any(|e| is_model_input(&e.body)) {
             return Next::Wait;
         }
     }
@@ -278,6 +286,60 @@ mod tests {
         assert_eq!(next_of(&e), Next::Wait);
         e.push(msg("5"));
         assert_eq!(next_of(&e), Next::CallModel { open_request: None });
+    }
+
+    #[test]
+    fn a_final_error_without_a_request_waits_for_new_input() {
+        // What the loop writes when no model is configured: no request, an
+        // error nothing retries, the idle.
+        let error = |retry: &str| {
+            ev(
+                "2",
+                "session.error",
+                json!({"error": {"type": "model_request_failed_error", "message": "no model",
+                                 "retry_status": {"type": retry}}}),
+            )
+        };
+        let idle = ev(
+            "3",
+            "session.status_idle",
+            json!({"stop_reason": {"type": "retries_exhausted"}}),
+        );
+        let mut e = vec![msg("1"), error("terminal"), idle.clone()];
+        assert_eq!(next_of(&e), Next::Wait);
+        e.push(msg("4"));
+        assert_eq!(
+            next_of(&e),
+            Next::CallModel { open_request: None },
+            "new input tries again"
+        );
+        assert_eq!(
+            next_of(&[msg("1"), error("retrying")]),
+            Next::CallModel { open_request: None },
+            "a retrying error leaves the turn open"
+        );
+        let succeeded_after = vec![
+            msg("1"),
+            error("exhausted"),
+            msg("4"),
+            ev("5", "span.model_request_start", json!({})),
+            ev(
+                "6",
+                "agent.tool_use",
+                json!({"name": "bash", "input": {}, "evaluated_permission": "allow"}),
+            ),
+            ev("7", "span.model_request_end", end(false)),
+            ev(
+                "8",
+                "user.tool_result",
+                json!({"tool_use_id": "6", "content": []}),
+            ),
+        ];
+        assert_eq!(
+            next_of(&succeeded_after),
+            Next::CallModel { open_request: None },
+            "an old error does not hold a later turn"
+        );
     }
 
     #[test]

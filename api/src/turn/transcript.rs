@@ -10,6 +10,7 @@ use mango_protocol::events::{
     AgentCustomToolUse, AgentMessage, AgentToolUse, Confirmation, Evaluation, Event, EventBody,
     ModelUsage, Permission,
 };
+use mango_protocol::sessions::SessionResource;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -153,19 +154,51 @@ pub fn transcript(events: &[Event]) -> Vec<Value> {
     messages
 }
 
-/// The Messages API request for the next model call of a Session.
-pub fn request(agent: &AgentSnapshot, events: &[Event], max_tokens: u32) -> Value {
+/// A prompt-cache breakpoint: the Messages API caches the request's prefix
+/// up to the block that carries it.
+fn cache_breakpoint() -> Value {
+    json!({"type": "ephemeral"})
+}
+
+/// The Messages API request for the next model call of a Session: the
+/// Agent snapshot's model, its system prompt (with the Skills and Memory
+/// sections) and tools, and the transcript. Three prompt-cache breakpoints
+/// let the turns of a long Session reuse what the last one cached: the
+/// system prompt, the last tool declaration (both the same for the whole
+/// Session), and the transcript's last stable block, the last one before
+/// the newest turn's input (which may still grow: results that arrive
+/// together, a message sent after a failed call).
+pub fn request(
+    agent: &AgentSnapshot,
+    resources: &[SessionResource],
+    events: &[Event],
+    max_tokens: u32,
+) -> Value {
     let tools = AgentTools::from_snapshot(agent);
+    let mut messages = transcript(events);
+    if messages.len() >= 2 {
+        let stable = messages.len() - 2;
+        if let Some(last) = messages[stable]["content"]
+            .as_array_mut()
+            .and_then(|blocks| blocks.last_mut())
+        {
+            last["cache_control"] = cache_breakpoint();
+        }
+    }
     let mut body = json!({
         "model": agent.definition.model.id,
         "max_tokens": max_tokens,
-        "messages": transcript(events),
+        "messages": messages,
     });
     let system = crate::skills::prompt::with_skills(agent.definition.system.as_deref(), agent);
-    if let Some(system) = system.filter(|s| !s.is_empty()) {
-        body["system"] = json!(system);
+    if let Some(system) = super::memory::with_memory(system, resources) {
+        body["system"] =
+            json!([{"type": "text", "text": system, "cache_control": cache_breakpoint()}]);
     }
-    let declarations = tools.declarations();
+    let mut declarations = tools.declarations();
+    if let Some(last) = declarations.last_mut() {
+        last["cache_control"] = cache_breakpoint();
+    }
     if !declarations.is_empty() {
         body["tools"] = Value::Array(declarations);
     }
@@ -296,13 +329,17 @@ mod tests {
     fn request_carries_model_system_and_tools() {
         let body = request(
             &test_agent(),
+            &[],
             &events(vec![
                 json!({"id": "e1", "type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
             ]),
             1024,
         );
         assert_eq!(body["model"], "claude-test");
-        assert_eq!(body["system"], "be brief");
+        assert_eq!(
+            body["system"],
+            json!([{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}])
+        );
         assert_eq!(body["max_tokens"], 1024);
         assert_eq!(body["messages"][0]["content"][0]["text"], "hi");
         assert!(body["tools"]
@@ -310,6 +347,80 @@ mod tests {
             .unwrap()
             .iter()
             .any(|t| t["name"] == "bash" && t["input_schema"]["type"] == "object"));
+    }
+
+    /// The Messages API allows this many breakpoints in one request.
+    const MAX_CACHE_BREAKPOINTS: usize = 4;
+
+    /// Where the request's `cache_control` marks are, as JSON pointers.
+    fn breakpoints(body: &Value) -> Vec<String> {
+        fn walk(v: &Value, at: String, out: &mut Vec<String>) {
+            match v {
+                Value::Object(m) => {
+                    if m.get("cache_control") == Some(&json!({"type": "ephemeral"})) {
+                        out.push(at.clone());
+                    }
+                    for (k, v) in m {
+                        walk(v, format!("{at}/{k}"), out);
+                    }
+                }
+                Value::Array(a) => {
+                    for (i, v) in a.iter().enumerate() {
+                        walk(v, format!("{at}/{i}"), out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        walk(body, String::new(), &mut out);
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn cache_breakpoints_mark_the_system_prompt_the_last_tool_and_the_stable_prefix() {
+        let first = events(vec![
+            json!({"id": "e1", "type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
+        ]);
+        let body = request(&test_agent(), &[], &first, 1024);
+        let last_tool = body["tools"].as_array().unwrap().len() - 1;
+        assert_eq!(
+            breakpoints(&body),
+            ["/system/0".to_string(), format!("/tools/{last_tool}")],
+            "the first turn has no stable transcript yet"
+        );
+        assert!(body["tools"][0].get("cache_control").is_none());
+
+        // A later turn: the newest input (the results) is not marked; the
+        // last block before it (the second call) is.
+        let later = events(vec![
+            json!({"id": "e1", "type": "user.message", "content": [{"type": "text", "text": "hi"}]}),
+            json!({"id": "e2", "type": "agent.message", "content": [{"type": "text", "text": "ok"}]}),
+            json!({"id": "e3", "type": "agent.tool_use", "name": "read", "input": {}, "evaluated_permission": "allow"}),
+            json!({"id": "e4", "type": "agent.tool_use", "name": "read", "input": {}, "evaluated_permission": "allow"}),
+            json!({"id": "e5", "type": "user.tool_result", "tool_use_id": "e3", "content": [{"type": "text", "text": "a"}]}),
+            json!({"id": "e6", "type": "user.tool_result", "tool_use_id": "e4", "content": [{"type": "text", "text": "b"}]}),
+        ]);
+        let body = request(&test_agent(), &[], &later, 1024);
+        assert_eq!(
+            breakpoints(&body),
+            [
+                "/messages/1/content/2".to_string(),
+                "/system/0".to_string(),
+                format!("/tools/{last_tool}")
+            ]
+        );
+        assert_eq!(body["messages"][1]["content"][2]["id"], "e4");
+        assert!(breakpoints(&body).len() <= MAX_CACHE_BREAKPOINTS);
+
+        // No system prompt and no tools: only the transcript is marked.
+        let mut bare = test_agent();
+        bare.definition.system = None;
+        bare.definition.tools.clear();
+        let body = request(&bare, &[], &later, 1024);
+        assert!(body.get("system").is_none() && body.get("tools").is_none());
+        assert_eq!(breakpoints(&body), ["/messages/1/content/2"]);
     }
 
     #[test]

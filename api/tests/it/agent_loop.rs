@@ -66,7 +66,7 @@ async fn a_text_reply_ends_the_turn(db: sqlx::PgPool) {
     let (headers, body) = &requests[0];
     assert_eq!(headers.get("x-api-key").unwrap(), MODEL_KEY);
     assert_eq!(body["model"], "claude-scripted");
-    assert_eq!(body["system"], "be brief");
+    assert_eq!(body["system"][0]["text"], "be brief");
     assert_eq!(
         body["messages"],
         json!([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
@@ -217,50 +217,105 @@ async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: s
     let _ = e;
 }
 
+/// The `cache_control` marks of a request, as JSON pointers.
+fn cache_breakpoints(body: &Value) -> Vec<String> {
+    fn walk(v: &Value, at: String, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(mark) = m.get("cache_control") {
+                    assert_eq!(mark, &json!({"type": "ephemeral"}), "at {at}");
+                    out.push(at.clone());
+                }
+                for (k, v) in m {
+                    walk(v, format!("{at}/{k}"), out);
+                }
+            }
+            Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    walk(v, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(body, String::new(), &mut out);
+    out.sort();
+    out
+}
+
+/// Each turn's request marks prompt-cache breakpoints on what stays the
+/// same from one turn to the next: the system prompt, the last tool
+/// declaration, and the transcript up to the newest input, so a long
+/// Session's turns reuse the cache (at most the API's 4 marks).
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn an_unreachable_model_endpoint_becomes_session_errors_and_the_session_stays_usable(
-    db: sqlx::PgPool,
-) {
-    // A port nothing listens on: bind one, then free it.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
-    let app = TestApp::start_with(
-        db,
-        Settings {
-            model_base_url: Some(closed),
-            model_retry_backoff: Duration::from_millis(20),
-            ..Settings::default()
-        },
-    )
+async fn model_calls_mark_the_stable_prefix_for_the_prompt_cache(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![
+        (200, model_reply(json!([
+            {"type": "text", "text": "looking"},
+            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": "ls"}}
+        ]), "tool_use")),
+        (200, model_reply(json!([{"type": "text", "text": "a.txt is there"}]), "end_turn")),
+        (200, model_reply(json!([{"type": "text", "text": "bye"}]), "end_turn")),
+    ])
     .await;
-    let s = session_with_tools(&app, json!([])).await;
-    say(&app, &s, "hi").await;
-    let e = until(&app, &s, "retries exhausted", |e| {
-        idle_with(e, "retries_exhausted")
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([{"type": "agent_toolset_20260401"}])).await;
+    say(&app, &s, "run ls").await;
+    let e = until(&app, &s, "requires_action", |e| {
+        idle_with(e, "requires_action")
     })
     .await;
-    let errors: Vec<&Value> = e.iter().filter(|e| e["type"] == "session.error").collect();
-    assert_eq!(errors.len(), 4, "three retries, then the final error");
-    assert!(errors
-        .iter()
-        .all(|e| e["error"]["type"] == "model_request_failed_error"));
+    let call = e.iter().find(|e| e["type"] == "agent.tool_use").unwrap();
+    let claim = app.claim_session_work().await;
+    send(
+        &app,
+        &s,
+        &claim.token,
+        json!([{"type": "user.tool_result", "tool_use_id": call["id"],
+        "content": [{"type": "text", "text": "a.txt"}], "is_error": false}]),
+    )
+    .await;
+    until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
+    say(&app, &s, "thanks").await;
+    until(&app, &s, "the third turn", |e| {
+        idle_with(e, "end_turn") && e.iter().any(|x| x["content"][0]["text"] == "bye")
+    })
+    .await;
+
+    let requests: Vec<Value> = model.requests().into_iter().map(|(_, b)| b).collect();
+    assert_eq!(requests.len(), 3);
+    let last_tool = requests[0]["tools"].as_array().unwrap().len() - 1;
+    let fixed = ["/system/0".to_string(), format!("/tools/{last_tool}")];
     assert_eq!(
-        errors.last().unwrap()["error"]["retry_status"]["type"],
-        "exhausted"
+        requests[0]["system"],
+        json!([{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}])
     );
-    assert!(errors[0]["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("unreachable"));
-    let end = e
-        .iter()
-        .find(|e| e["type"] == "span.model_request_end")
-        .unwrap();
-    assert_eq!(end["is_error"], true);
-    // The Session still takes input.
-    say(&app, &s, "again").await;
+    assert_eq!(
+        cache_breakpoints(&requests[0]),
+        fixed,
+        "the first turn: nothing before its input"
+    );
+    // The second: the call is the last block before the newest input (its result).
+    let mut second = vec!["/messages/1/content/1".to_string()];
+    second.extend(fixed.iter().cloned());
+    assert_eq!(cache_breakpoints(&requests[1]), second);
+    assert_eq!(requests[1]["messages"][1]["content"][1]["type"], "tool_use");
+    assert_eq!(
+        requests[1]["messages"][2]["content"][0]["type"],
+        "tool_result"
+    );
+    // The third: the answer to the result, before the new message.
+    let mut third = vec!["/messages/3/content/0".to_string()];
+    third.extend(fixed.iter().cloned());
+    assert_eq!(cache_breakpoints(&requests[2]), third);
+    assert_eq!(
+        requests[2]["messages"][3]["content"][0]["text"],
+        "a.txt is there"
+    );
+    for r in &requests {
+        assert!(cache_breakpoints(r).len() <= 4, "the API's limit");
+    }
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
@@ -336,8 +391,12 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
         let (ctx, s) = (app.ctx.clone(), s.clone());
         tokio::spawn(async move {
             // Never called: the step only waits for a worker.
-            let model = mango_api::model::ModelEndpoint::new("http://127.0.0.1:9", None);
-            mango_api::agent_loop::drive(&ctx, &model, &s).await
+            let model = mango_api::model::ModelEndpoint::new(
+                "http://127.0.0.1:9",
+                None,
+                Duration::from_secs(1),
+            );
+            mango_api::agent_loop::drive(&ctx, Some(&model), &s).await
         })
     };
     // The step reads the Session (the deletion is not committed) and then

@@ -167,3 +167,114 @@ async fn api_key_errors_are_clear_and_change_nothing(db: sqlx::PgPool) {
         .unwrap();
     assert_eq!(before, after);
 }
+
+/// `mango serve`'s stderr (JSON log lines) until a line contains `until`,
+/// at most 60 s; the server is stopped then. Its model settings come only
+/// from `env` (whatever the test's own environment holds is removed), and
+/// it listens on a free loopback port.
+fn serve_log(url: &str, env: &[(&str, &str)], until: &str) -> Vec<String> {
+    use std::io::BufRead;
+    let objects = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mango"));
+    command
+        .arg("serve")
+        .env("MANGO_DATABASE_URL", url)
+        .env("MANGO_LISTEN_ADDR", "127.0.0.1:0")
+        .env("MANGO_OBJECT_STORE", objects.path())
+        .env("MANGO_LOG", "info")
+        .env_remove("MANGO_MODEL_BASE_URL")
+        .env_remove("MANGO_MODEL_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("mango serve starts");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut lines = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.contains(until);
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no log line with {until:?} within 60 s: {lines:#?}");
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+fn line_with<'a>(lines: &'a [String], text: &str) -> &'a str {
+    lines
+        .iter()
+        .find(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("no line with {text:?}: {lines:#?}"))
+}
+
+/// With only ANTHROPIC_API_KEY set, the api runs its agent loop on the
+/// Anthropic API and says so when it starts, naming the variable the key
+/// came from and never the key. (Nothing is sent: the loop calls the model
+/// only for a Session's input, and this database has none.)
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn serve_uses_the_anthropic_api_with_anthropic_api_key_and_logs_it_without_the_key(
+    db: sqlx::PgPool,
+) {
+    let url = database_url(&db);
+    let key = "sk-ant-api03-never-in-a-log-line";
+    let lines = tokio::task::spawn_blocking(move || {
+        serve_log(&url, &[("ANTHROPIC_API_KEY", key)], "agent loop running")
+    })
+    .await
+    .unwrap();
+    let model: Value = serde_json::from_str(line_with(&lines, "model endpoint")).unwrap();
+    assert_eq!(model["level"], "INFO");
+    assert_eq!(
+        model["fields"]["model"],
+        "https://api.anthropic.com (the Anthropic API), key from ANTHROPIC_API_KEY"
+    );
+    let running: Value = serde_json::from_str(line_with(&lines, "agent loop running")).unwrap();
+    assert_eq!(
+        running["fields"]["model_base_url"],
+        "https://api.anthropic.com"
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains(key)),
+        "the key is in the log: {lines:#?}"
+    );
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn serve_without_a_model_warns_that_sessions_get_errors(db: sqlx::PgPool) {
+    let url = database_url(&db);
+    let lines =
+        tokio::task::spawn_blocking(move || serve_log(&url, &[], "agent loop without a model"))
+            .await
+            .unwrap();
+    let warning: Value =
+        serde_json::from_str(line_with(&lines, "agent loop without a model")).unwrap();
+    assert_eq!(warning["level"], "WARN");
+    let text = warning["fields"]["message"].as_str().unwrap();
+    assert!(
+        text.contains("MANGO_MODEL_BASE_URL") && text.contains("ANTHROPIC_API_KEY"),
+        "{text}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("model endpoint")));
+}

@@ -21,6 +21,8 @@ async fn limited(db: sqlx::PgPool) -> TestApp {
         db,
         Settings {
             max_reclaims: 2,
+            // The tests append the agent's events themselves.
+            caller_plays_model: true,
             ..Default::default()
         },
     )

@@ -65,7 +65,11 @@ async fn the_system_prompt_names_every_attached_store(db: sqlx::PgPool) {
     until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
 
     let requests = model.requests();
-    let system = requests[0].1["system"].as_str().unwrap().to_string();
+    // One text block, marked for the prompt cache.
+    let system = requests[0].1["system"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(system.starts_with("be brief\n\n# Memory\n"), "{system}");
     assert!(
         system.contains(
@@ -106,5 +110,8 @@ async fn a_session_without_stores_gets_the_agents_prompt_unchanged(db: sqlx::PgP
     let s = mango_testkit::turns::session_with_tools(&app, json!([])).await;
     say(&app, &s, "hi").await;
     until(&app, &s, "end of turn", |e| idle_with(e, "end_turn")).await;
-    assert_eq!(model.requests()[0].1["system"], "be brief");
+    assert_eq!(
+        model.requests()[0].1["system"],
+        json!([{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}])
+    );
 }

@@ -28,6 +28,8 @@ async fn fast_app(db: sqlx::PgPool) -> TestApp {
         db,
         Settings {
             stream_ping_interval: Duration::from_millis(300),
+            // The tests append the agent's events themselves.
+            caller_plays_model: true,
             ..Default::default()
         },
     )

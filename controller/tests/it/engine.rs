@@ -63,7 +63,9 @@ pub async fn engine() -> Option<Engine> {
 
 impl Engine {
     /// The api, also listening on the bridge's gateway for sandboxes.
-    pub async fn api(&self, db: sqlx::PgPool, settings: mango_api::Settings) -> TestApp {
+    /// A test that gives no scripted model appends the agent's events itself.
+    pub async fn api(&self, db: sqlx::PgPool, mut settings: mango_api::Settings) -> TestApp {
+        settings.caller_plays_model |= settings.model_base_url.is_none();
         TestApp::start_also_on(db, settings, &[self.gateway]).await
     }
 

@@ -33,6 +33,8 @@ async fn api_with_ttl(db: sqlx::PgPool, default_ttl_seconds: i64) -> TestApp {
         db,
         Settings {
             default_ttl_seconds,
+            // The tests append the agent's events themselves.
+            caller_plays_model: true,
             ..Default::default()
         },
     )

@@ -29,6 +29,8 @@ async fn api_with_root(db: sqlx::PgPool) -> (TestApp, TempDir) {
         db,
         Settings {
             memory_mount_root: root.path().join("mnt").display().to_string(),
+            // The tests append the agent's events themselves.
+            caller_plays_model: true,
             ..Settings::default()
         },
     )

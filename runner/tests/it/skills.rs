@@ -202,7 +202,7 @@ async fn pinned_skills_are_there_before_tools_run_and_gone_after(db: sqlx::PgPoo
 
     // The model was told, in the system prompt of the first call.
     let (_, first) = &model.requests()[0];
-    let system = first["system"].as_str().unwrap();
+    let system = first["system"][0]["text"].as_str().unwrap();
     assert!(system.starts_with("be useful\n\n<skills>"), "{system}");
     assert!(
         system.contains("- pdf-tools: Fill PDF forms. (skills/pdf-tools/SKILL.md)"),
