@@ -4,7 +4,8 @@
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
-//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT.
+//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
+//! [`tool_result`] a result sized for the api.
 
 pub mod calls;
 pub mod exit;
@@ -17,4 +18,5 @@ pub mod secret;
 pub mod session;
 pub mod signal;
 pub mod skills;
+pub mod tool_result;
 pub mod tools;

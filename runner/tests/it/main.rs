@@ -7,6 +7,8 @@ mod behaviour;
 mod e2e;
 mod item;
 mod memory;
+mod results;
 mod session;
 mod skills;
+mod support;
 mod tools;
