@@ -9,7 +9,7 @@ use crate::heartbeat::{HeartbeatKeeper, KeeperEnd};
 use crate::memory::{self, Mounted, END_BOUND, SIGNAL_FLUSH_BOUND};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{healthcheck, secret, session, signal, skills};
+use crate::{healthcheck, secret, session, signal, skills, threads};
 use anyhow::Context;
 use mango_client::Client;
 use std::path::PathBuf;
@@ -71,10 +71,14 @@ pub fn run(identity: Identity) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = match threads::runtime() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            // Before the secret: the lease expires and the item is reclaimed.
+            tracing::error!(error = %err, "cannot make the runner's threads");
+            return Exit::Failed.into();
+        }
+    };
     let exit = match runtime.block_on(run_item(identity)) {
         Ok(exit) => exit,
         Err(err) => {

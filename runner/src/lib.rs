@@ -5,7 +5,8 @@
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
 //! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
-//! [`tool_result`] a result sized for the api.
+//! [`threads`] the threads made at start, [`tool_result`] a result sized
+//! for the api.
 
 pub mod calls;
 pub mod exit;
@@ -18,5 +19,6 @@ pub mod secret;
 pub mod session;
 pub mod signal;
 pub mod skills;
+pub mod threads;
 pub mod tool_result;
 pub mod tools;

@@ -5,6 +5,7 @@
 
 mod behaviour;
 mod e2e;
+mod exhaustion;
 mod item;
 mod memory;
 mod results;
