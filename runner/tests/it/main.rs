@@ -8,6 +8,7 @@ mod e2e;
 mod exhaustion;
 mod item;
 mod memory;
+mod relative;
 mod results;
 mod session;
 mod skills;
