@@ -8,15 +8,13 @@
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{field_error, no_nul};
 use mango_protocol::content::{BlockKind, ContentBlock};
-use mango_protocol::events::{Confirmation, Rubric, SentEvent, SentEventError};
+use mango_protocol::events::{Confirmation, Rubric, SentEvent, SentEventError, MAX_EVENT_BYTES};
 use mango_protocol::strict::FieldError;
 use mango_protocol::ErrorCode;
 use serde_json::Value;
 
 /// At most this many events in one request (the SDK's `initial_events` cap).
 pub const MAX_EVENTS_PER_REQUEST: usize = 50;
-/// One event, serialized, may not exceed this (a tool result with a large output fits).
-pub const MAX_EVENT_BYTES: usize = 256 * 1024;
 /// `user.define_outcome.max_iterations` range.
 const MAX_ITERATIONS: std::ops::RangeInclusive<u32> = 1..=20;
 

@@ -486,6 +486,11 @@ pub struct ModelUsage {
 
 // ------------------------------------------------------------------ what clients send
 
+/// One sent event, serialized as JSON, may be at most this many bytes
+/// (256 KiB): the api refuses a larger one, and the item runner brings
+/// every tool result it sends under it.
+pub const MAX_EVENT_BYTES: usize = 256 * 1024;
+
 /// An event a client sends (`POST /v1/sessions/{id}/events`,
 /// `initial_events`). Who may send which is the api's rule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,7 +11,8 @@ pub enum Exit {
     /// activation ended (terminated, idle, stopped) and the Work was stopped.
     Done = 0,
     /// A healthcheck's probe failed (its Result says why), or the runner
-    /// could not start the item (a missing identity, an unreadable secret).
+    /// could not start the item (a missing identity, an unreadable secret,
+    /// no threads to run it on).
     Failed = 1,
     /// The process could not make itself non-dumpable, so it read no secret.
     Unprotected = 2,

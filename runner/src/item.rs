@@ -9,7 +9,7 @@ use crate::heartbeat::{HeartbeatKeeper, KeeperEnd};
 use crate::memory::{self, Mounted, END_BOUND, SIGNAL_FLUSH_BOUND};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{healthcheck, secret, session, signal, skills};
+use crate::{healthcheck, secret, session, signal, skills, threads};
 use anyhow::Context;
 use mango_client::Client;
 use std::path::PathBuf;
@@ -31,6 +31,8 @@ pub struct Identity {
     pub work_type: String,
     #[arg(long, env = "MANGO_SESSION_ID")]
     pub session_id: Option<String>,
+    /// The workspace; a relative path is taken from the directory the
+    /// runner starts in.
     #[arg(long, env = "MANGO_WORKSPACE", default_value = "/workspace")]
     pub workspace: PathBuf,
     /// How long to wait for the secret on stdin.
@@ -56,6 +58,25 @@ pub struct Identity {
     pub memory_sync_interval_seconds: u64,
 }
 
+impl Identity {
+    /// The path settings made absolute, from the directory the runner
+    /// starts in, once: the shell's directory, the file tools' roots, the
+    /// Skills and the probe all see the one workspace, wherever a later
+    /// step runs. So is the `HOME` the tools get (a relative one would
+    /// move with every `cd`). Call it before any thread exists.
+    pub fn with_absolute_paths(mut self) -> std::io::Result<Identity> {
+        self.workspace = std::path::absolute(&self.workspace)?;
+        if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            let home = PathBuf::from(home);
+            if home.is_relative() {
+                // Sound: the process has one thread yet (see above).
+                std::env::set_var("HOME", std::path::absolute(&home)?);
+            }
+        }
+        Ok(self)
+    }
+}
+
 /// Runs the item `identity` names and exits: the whole process of
 /// `mango-runner` (and of `mango-worker item`). The process becomes
 /// non-dumpable first, before the secret exists in it.
@@ -71,10 +92,22 @@ pub fn run(identity: Identity) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    // Before any thread exists, and before anything reads them.
+    let identity = match identity.with_absolute_paths() {
+        Ok(identity) => identity,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot make the runner's paths absolute");
+            return Exit::Failed.into();
+        }
+    };
+    let runtime = match threads::runtime() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            // Before the secret: the lease expires and the item is reclaimed.
+            tracing::error!(error = %err, "cannot make the runner's threads");
+            return Exit::Failed.into();
+        }
+    };
     let exit = match runtime.block_on(run_item(identity)) {
         Ok(exit) => exit,
         Err(err) => {

@@ -4,7 +4,9 @@
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
-//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT.
+//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
+//! [`threads`] the threads made at start, [`tool_result`] a result sized
+//! for the api.
 
 pub mod calls;
 pub mod exit;
@@ -17,4 +19,6 @@ pub mod secret;
 pub mod session;
 pub mod signal;
 pub mod skills;
+pub mod threads;
+pub mod tool_result;
 pub mod tools;

@@ -1,14 +1,16 @@
 //! The Session tool loop (spec §8): open the event stream first, then
 //! reconcile history, run each unanswered call this runner owns (honouring
 //! `evaluated_permission` and confirmations), post its result keyed by the
-//! call's event id, and end on termination, 60 s after an end-of-turn idle,
+//! call's event id (sized for the api, and a refused one answered with a
+//! short error), and end on termination, 60 s after an end-of-turn idle,
 //! or when the lease ends. A dropped stream reconnects and reconciles again,
 //! so a call is neither repeated nor dropped.
 
 use crate::calls::{Call, Calls};
+use crate::tool_result;
 use crate::tools::{ToolOutput, Toolset};
 use mango_client::{Client, StreamFrame};
-use mango_protocol::events::{SentEvent, UserToolResult};
+use mango_protocol::events::SentEvent;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -100,34 +102,8 @@ pub async fn run(
                 if lost.is_cancelled() {
                     return SessionEnd::LeaseEnded;
                 }
-                let result = SentEvent::UserToolResult(UserToolResult {
-                    tool_use_id: call.id.clone(),
-                    content: Some(output.content),
-                    is_error: Some(output.is_error),
-                    session_thread_id: None,
-                });
-                // Results are idempotent by call id, so the client's retries are safe.
-                match client.send_events(session_id, &[result]).await {
-                    Ok(_) => tracing::info!(
-                        session_id,
-                        call_id = %call.id,
-                        tool = %call.name,
-                        is_error = output.is_error,
-                        ms = started.elapsed().as_millis() as u64,
-                        "tool call answered"
-                    ),
-                    Err(err) if err.is_transient() => {
-                        return SessionEnd::ResultUndelivered(err.to_string());
-                    }
-                    Err(err)
-                        if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404)) =>
-                    {
-                        return SessionEnd::Rejected(err.to_string());
-                    }
-                    // Refused for good (e.g. the call was answered or denied meanwhile): carry on.
-                    Err(err) => {
-                        tracing::warn!(session_id, call_id = %call.id, error = %err, "the tool result was refused")
-                    }
+                if let Err(end) = answer(client, session_id, &call, output, started).await {
+                    return end;
                 }
                 // Memory reconciles after tool calls, at most every 15 s.
                 tokio::select! {
@@ -160,6 +136,94 @@ pub async fn run(
                 // Closed by the server: the token may be gone; reconnecting tells.
                 None => continue 'connect,
             }
+        }
+    }
+}
+
+/// How one send of a result ended.
+enum Sent {
+    Delivered,
+    /// A 4xx other than 401, 403 and 404, final: this result will never be
+    /// taken (too large, malformed, or the call denied or answered meanwhile).
+    Refused(mango_client::ClientError),
+    /// Not delivered, and nothing more to do in this activation.
+    Ended(SessionEnd),
+}
+
+/// Results are idempotent by call id, so the client's retries are safe.
+async fn send(client: &Client, session_id: &str, result: SentEvent) -> Sent {
+    match client.send_events(session_id, &[result]).await {
+        Ok(_) => Sent::Delivered,
+        Err(err) if err.is_transient() => {
+            Sent::Ended(SessionEnd::ResultUndelivered(err.to_string()))
+        }
+        Err(err) if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403 | 404)) => {
+            Sent::Ended(SessionEnd::Rejected(err.to_string()))
+        }
+        Err(err) if err.status().is_some_and(|s| s.is_client_error()) => Sent::Refused(err),
+        // An answer that is not the api's (a body that does not parse):
+        // nothing a resend would change.
+        Err(err) => {
+            tracing::warn!(session_id, error = %err, "the tool result's answer was unexpected");
+            Sent::Delivered
+        }
+    }
+}
+
+/// Posts a call's result, sized for the api ([`tool_result`]). A refused
+/// one is answered with a short error instead: a call left open would keep
+/// its Session waiting, and the sandbox held, for ever.
+async fn answer(
+    client: &Client,
+    session_id: &str,
+    call: &Call,
+    output: ToolOutput,
+    started: Instant,
+) -> Result<(), SessionEnd> {
+    let is_error = output.is_error;
+    let (result, fitted) = tool_result::result(&call.id, output);
+    if fitted.changed() {
+        tracing::warn!(
+            session_id,
+            call_id = %call.id,
+            tool = %call.name,
+            media_left_out = fitted.media_left_out,
+            text_bytes_left_out = fitted.text_left_out,
+            "the tool result was cut to fit the api's limit on an event"
+        );
+    }
+    let refusal = match send(client, session_id, result).await {
+        Sent::Delivered => {
+            tracing::info!(
+                session_id,
+                call_id = %call.id,
+                tool = %call.name,
+                is_error,
+                ms = started.elapsed().as_millis() as u64,
+                "tool call answered"
+            );
+            return Ok(());
+        }
+        Sent::Ended(end) => return Err(end),
+        Sent::Refused(refusal) => refusal,
+    };
+    tracing::warn!(session_id, call_id = %call.id, tool = %call.name, error = %refusal, "the api refused the tool result; answering the call with an error");
+    match send(
+        client,
+        session_id,
+        tool_result::refused(&call.id, &refusal.to_string()),
+    )
+    .await
+    {
+        Sent::Delivered => {
+            tracing::info!(session_id, call_id = %call.id, tool = %call.name, "tool call answered with the refusal");
+            Ok(())
+        }
+        Sent::Ended(end) => Err(end),
+        // The call itself takes no result any more (denied or answered meanwhile).
+        Sent::Refused(err) => {
+            tracing::warn!(session_id, call_id = %call.id, error = %err, "the refusal's answer was refused too; the call takes no result");
+            Ok(())
         }
     }
 }

@@ -30,6 +30,7 @@ pub fn listen() -> CancellationToken {
         }
     };
     let token = asked.clone();
+    let bound = exit_bound();
     tokio::spawn(async move {
         let name = tokio::select! {
             _ = term.recv() => "SIGTERM",
@@ -37,12 +38,17 @@ pub fn listen() -> CancellationToken {
         };
         tracing::info!(signal = name, bound = ?EXIT_BOUND, "asked to stop; ending the item");
         token.cancel();
-        // A thread, so a runtime busy in a blocking step cannot hold it up.
-        std::thread::spawn(|| {
-            std::thread::sleep(EXIT_BOUND);
-            tracing::error!(bound = ?EXIT_BOUND, "the item did not end in time after the stop signal; exiting");
-            std::process::exit(Exit::Signalled as i32);
-        });
+        match bound {
+            Some(start) => {
+                let _ = start.send(());
+            }
+            None => {
+                tokio::spawn(async {
+                    tokio::time::sleep(EXIT_BOUND).await;
+                    exit_late();
+                });
+            }
+        }
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
@@ -51,4 +57,33 @@ pub fn listen() -> CancellationToken {
         std::process::exit(Exit::Signalled as i32);
     });
     asked
+}
+
+/// The thread that ends the process [`EXIT_BOUND`] after the first signal,
+/// started by the returned sender. A thread, so a runtime busy in a
+/// blocking step cannot hold it up; made now, since after a tool filled the
+/// pids limit none could be (`None` then: a timer on the runtime stands in).
+fn exit_bound() -> Option<std::sync::mpsc::Sender<()>> {
+    let (start, started) = std::sync::mpsc::channel::<()>();
+    let made = std::thread::Builder::new()
+        .name("mango-exit-bound".into())
+        .spawn(move || {
+            // An error only once the runner is ending anyway.
+            if started.recv().is_ok() {
+                std::thread::sleep(EXIT_BOUND);
+                exit_late();
+            }
+        });
+    match made {
+        Ok(_) => Some(start),
+        Err(err) => {
+            tracing::warn!(error = %err, "no thread for the exit bound; a timer on the runtime keeps it");
+            None
+        }
+    }
+}
+
+fn exit_late() {
+    tracing::error!(bound = ?EXIT_BOUND, "the item did not end in time after the stop signal; exiting");
+    std::process::exit(Exit::Signalled as i32);
 }

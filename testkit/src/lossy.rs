@@ -1,18 +1,22 @@
 //! A loopback HTTP/1.1 proxy in front of the api that can lose answers: a
 //! request it was told to drop still reaches the api (which acts on it),
 //! and then the caller's connection is closed before any byte of the answer
-//! comes back, as when a network fails after the server saved a write.
-//! Every other exchange, event streams included, passes through untouched.
+//! comes back, as when a network fails after the server saved a write. It
+//! can also refuse a request: the api never sees it, and the caller gets an
+//! error envelope with the status it was told. Every other exchange, event
+//! streams included, passes through untouched.
 
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// A request to drop the answer of: its method and a fragment of its path.
+/// A request to drop the answer of (or, with `refuse`, to answer with
+/// that status itself): its method and a fragment of its path.
 #[derive(Debug, Clone)]
 struct Drop {
     method: String,
     path_contains: String,
+    refuse: Option<u16>,
 }
 
 pub struct LossyProxy {
@@ -63,6 +67,18 @@ impl LossyProxy {
         self.drops.lock().unwrap().push(Drop {
             method: method.to_string(),
             path_contains: path_contains.to_string(),
+            refuse: None,
+        });
+    }
+
+    /// The next request with `method` whose path contains `path_contains`
+    /// never reaches the api: the caller gets `status` and an error
+    /// envelope (listed in [`LossyProxy::dropped`] as `METHOD path STATUS`).
+    pub fn refuse_next(&self, method: &str, path_contains: &str, status: u16) {
+        self.drops.lock().unwrap().push(Drop {
+            method: method.to_string(),
+            path_contains: path_contains.to_string(),
+            refuse: Some(status),
         });
     }
 
@@ -120,19 +136,34 @@ async fn exchange(
         }
         body.extend_from_slice(&chunk[..n]);
     }
-    let lose = {
+    let (lose, refuse) = {
         let mut drops = drops.lock().unwrap();
         match drops
             .iter()
             .position(|d| d.method == method && path.contains(&d.path_contains))
         {
             Some(i) => {
-                drops.remove(i);
-                true
+                let rule = drops.remove(i);
+                (rule.refuse.is_none(), rule.refuse)
             }
-            None => false,
+            None => (false, None),
         }
     };
+    if let Some(status) = refuse {
+        let body = format!(
+            r#"{{"type":"error","error":{{"type":"invalid_request_error","message":"refused by the test proxy with {status}"}},"request_id":"req_proxy"}}"#
+        );
+        let answer = format!(
+            "HTTP/1.1 {status} Refused\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        client.write_all(answer.as_bytes()).await?;
+        dropped
+            .lock()
+            .unwrap()
+            .push(format!("{method} {path} {status}"));
+        return client.shutdown().await;
+    }
     let mut up = TcpStream::connect(upstream).await?;
     up.write_all(format!("{}\r\n\r\n", kept.join("\r\n")).as_bytes())
         .await?;

@@ -5,9 +5,13 @@
 
 mod behaviour;
 mod e2e;
+mod exhaustion;
 mod item;
 mod memory;
 mod memory_fit;
+mod relative;
+mod results;
 mod session;
 mod skills;
+mod support;
 mod tools;

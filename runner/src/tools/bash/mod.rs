@@ -183,8 +183,7 @@ impl BashSession {
 
     fn ensure_shell(&mut self) -> Result<(), String> {
         if self.shell.is_none() {
-            let shell = Shell::spawn(&self.ctx)
-                .map_err(|e| format!("bash: could not start a shell: {e}"))?;
+            let shell = Shell::spawn(&self.ctx).map_err(|e| could_not_start(&self.ctx, &e))?;
             self.shell = Some(shell);
         }
         Ok(())
@@ -196,6 +195,20 @@ impl Drop for BashSession {
         // Shell's own Drop SIGKILLs the process group.
         self.shell.take();
     }
+}
+
+/// Why no shell could start, in words the model can act on.
+fn could_not_start(ctx: &ToolContext, err: &io::Error) -> String {
+    if err.raw_os_error() == Some(Errno::AGAIN.raw_os_error()) {
+        return format!(
+            "bash: could not start a shell: {err}: the sandbox's process limit is reached; \
+             processes started earlier (background jobs, their children) hold it until they end"
+        );
+    }
+    format!(
+        "bash: could not start a shell in {}: {err}",
+        ctx.workspace.display()
+    )
 }
 
 fn push_line(text: &mut String, line: &str) {
