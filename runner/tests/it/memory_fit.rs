@@ -72,6 +72,8 @@ async fn api_mounting_on(db: sqlx::PgPool, root: &Path, limits: MemoryLimits) ->
         Settings {
             memory_mount_root: root.display().to_string(),
             memory_limits: limits,
+            // The test appends the agent's events itself.
+            caller_plays_model: true,
             ..Settings::default()
         },
     )
