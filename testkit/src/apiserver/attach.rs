@@ -176,7 +176,10 @@ pub async fn serve(
                 Some(why) => Some(AttachFailure::internal(&why)),
                 None => shared.lock().attach_failures.pop_front(),
             };
-            session(socket, shared, key, raw_query, protocol, stdin, stdin_once, failure).await
+            session(
+                socket, shared, key, raw_query, protocol, stdin, stdin_once, failure,
+            )
+            .await
         })
 }
 

@@ -10,7 +10,16 @@ use axum::Json;
 use serde_json::{json, Value};
 
 fn verbs(_rt: &ResourceType) -> Value {
-    json!(["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"])
+    json!([
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch"
+    ])
 }
 
 fn resource_list(group: &str, version: &str) -> Option<Value> {
@@ -23,15 +32,21 @@ fn resource_list(group: &str, version: &str) -> Option<Value> {
     }
     let mut resources = Vec::new();
     for rt in &served {
-        resources.push(json!({"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-            "kind": rt.kind, "verbs": verbs(rt), "shortNames": rt.short_names}));
+        resources.push(
+            json!({"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
+            "kind": rt.kind, "verbs": verbs(rt), "shortNames": rt.short_names}),
+        );
         if rt.status {
-            resources.push(json!({"name": format!("{}/status", rt.plural), "singularName": "",
-                "namespaced": rt.namespaced, "kind": rt.kind, "verbs": ["get", "patch", "update"]}));
+            resources.push(
+                json!({"name": format!("{}/status", rt.plural), "singularName": "",
+                "namespaced": rt.namespaced, "kind": rt.kind, "verbs": ["get", "patch", "update"]}),
+            );
         }
         if rt.plural == "pods" {
-            resources.push(json!({"name": "pods/attach", "singularName": "", "namespaced": true,
-                "kind": "PodAttachOptions", "verbs": ["create", "get"]}));
+            resources.push(
+                json!({"name": "pods/attach", "singularName": "", "namespaced": true,
+                "kind": "PodAttachOptions", "verbs": ["create", "get"]}),
+            );
         }
     }
     let group_version = if group.is_empty() {
@@ -39,18 +54,26 @@ fn resource_list(group: &str, version: &str) -> Option<Value> {
     } else {
         format!("{group}/{version}")
     };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
-                "resources": resources}))
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+                "resources": resources}),
+    )
 }
 
 fn group(name: &str) -> Option<Value> {
-    let versions: Vec<&str> = ALL.iter().filter(|r| r.group == name).map(|r| r.version).collect();
+    let versions: Vec<&str> = ALL
+        .iter()
+        .filter(|r| r.group == name)
+        .map(|r| r.version)
+        .collect();
     let first = versions.first()?;
     let gv = |v: &str| json!({"groupVersion": format!("{name}/{v}"), "version": v});
     let mut unique: Vec<&str> = versions.clone();
     unique.dedup();
-    Some(json!({"name": name, "versions": unique.iter().map(|v| gv(v)).collect::<Vec<_>>(),
-                "preferredVersion": gv(first)}))
+    Some(
+        json!({"name": name, "versions": unique.iter().map(|v| gv(v)).collect::<Vec<_>>(),
+                "preferredVersion": gv(first)}),
+    )
 }
 
 pub fn answer(shared: &Shared, path: &[String]) -> Response {
@@ -65,7 +88,11 @@ pub fn answer(shared: &Shared, path: &[String]) -> Response {
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})),
         ["api", version] => resource_list("", version),
         ["apis"] => {
-            let mut names: Vec<&str> = ALL.iter().map(|r| r.group).filter(|g| !g.is_empty()).collect();
+            let mut names: Vec<&str> = ALL
+                .iter()
+                .map(|r| r.group)
+                .filter(|g| !g.is_empty())
+                .collect();
             names.sort();
             names.dedup();
             Some(json!({"kind": "APIGroupList", "apiVersion": "v1",

@@ -187,7 +187,8 @@ pub fn remove_at(object: &mut Value, path: &[Element]) {
             }
         }
         Element::Item(item) => {
-            if let (Ok(item), Some(items)) = (serde_json::from_str::<Value>(item), at.as_array_mut())
+            if let (Ok(item), Some(items)) =
+                (serde_json::from_str::<Value>(item), at.as_array_mut())
             {
                 items.retain(|v| *v != item);
             }
@@ -389,7 +390,8 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer) {
     let gone: FieldSet = before.difference(&after).cloned().collect();
     for m in &mut managers {
         let own = m.same_entry(writer.manager, "Update", writer.subresource);
-        m.fields.retain(|p| !gone.contains(p) && (own || !changed.contains(p)));
+        m.fields
+            .retain(|p| !gone.contains(p) && (own || !changed.contains(p)));
     }
     if !changed.is_empty() {
         match managers
@@ -425,8 +427,7 @@ pub fn apply(
     let current = old.cloned().unwrap_or_else(|| json!({}));
     let mut managers = managers_of(&current);
     let applied_set = field_set(applied, writer.scope);
-    let is_self =
-        |m: &Manager| m.same_entry(writer.manager, "Apply", writer.subresource);
+    let is_self = |m: &Manager| m.same_entry(writer.manager, "Apply", writer.subresource);
 
     let mut conflicts = Vec::new();
     for m in managers.iter().filter(|m| !is_self(m)) {
@@ -503,7 +504,12 @@ fn dotted(path: &[Element]) -> String {
     path.iter()
         .map(|e| match e {
             Element::Field(name) => format!(".{name}"),
-            Element::Key(id) => format!("[{}]", id.trim_start_matches('{').trim_end_matches('}').replace(':', "=")),
+            Element::Key(id) => format!(
+                "[{}]",
+                id.trim_start_matches('{')
+                    .trim_end_matches('}')
+                    .replace(':', "=")
+            ),
             Element::Item(item) => format!("[{item}]"),
         })
         .collect()
@@ -545,7 +551,11 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             conflicts,
-            vec![("a".into(), "coordination.k8s.io/v1".into(), ".spec.holderIdentity".into())],
+            vec![(
+                "a".into(),
+                "coordination.k8s.io/v1".into(),
+                ".spec.holderIdentity".into()
+            )],
             "the same value is shared, a different one conflicts"
         );
         let b = apply(
@@ -585,7 +595,13 @@ mod tests {
 
     #[test]
     fn updates_take_fields_over_and_removed_fields_are_no_ones() {
-        let applied = apply(None, &json!({"spec": {"a": 1, "b": 2}}), &writer("a"), false).unwrap();
+        let applied = apply(
+            None,
+            &json!({"spec": {"a": 1, "b": 2}}),
+            &writer("a"),
+            false,
+        )
+        .unwrap();
         let mut updated = applied.clone();
         updated["spec"]["a"] = json!(5);
         updated["spec"].as_object_mut().unwrap().remove("b");
@@ -594,7 +610,13 @@ mod tests {
         assert_eq!(owners.len(), 1, "a owns nothing any more: {owners:?}");
         assert_eq!(owners[0].manager, "u");
         // Now a re-applies b without a: no conflict on b (no one owns it).
-        assert!(apply(Some(&updated), &json!({"spec": {"b": 3}}), &writer("a"), false).is_ok());
+        assert!(apply(
+            Some(&updated),
+            &json!({"spec": {"b": 3}}),
+            &writer("a"),
+            false
+        )
+        .is_ok());
     }
 
     #[test]

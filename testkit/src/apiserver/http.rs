@@ -9,7 +9,9 @@ use super::fields::{self, Scope, Writer};
 use super::patch::{self, PatchType};
 use super::resources::{self, ResourceType};
 use super::selector::{FieldSelector, Selector};
-use super::{attach, discovery, kinds, lifecycle, now_rfc3339, objectmeta, pods, schema, store, watch};
+use super::{
+    attach, discovery, kinds, lifecycle, now_rfc3339, objectmeta, pods, schema, store, watch,
+};
 use super::{Shared, State};
 use axum::body::Body;
 use axum::extract::Request;
@@ -72,7 +74,8 @@ pub fn route(path: &str) -> Route {
         ["apis", group, version, rest @ ..] => (group, version, rest),
         _ => return Route::Nowhere,
     };
-    let namespaced_rt = |plural: &str| resources::find(group, version, plural).filter(|r| r.namespaced);
+    let namespaced_rt =
+        |plural: &str| resources::find(group, version, plural).filter(|r| r.namespaced);
     match rest {
         ["namespaces", ns, plural, tail @ ..] if namespaced_rt(plural).is_some() => {
             let rt = namespaced_rt(plural).expect("a resource");
@@ -88,13 +91,19 @@ pub fn route(path: &str) -> Route {
         }
         [plural, tail @ ..] => match resources::find(group, version, plural) {
             Some(rt) if !rt.namespaced => match tail {
-                [] => Route::Collection { rt, namespace: None },
+                [] => Route::Collection {
+                    rt,
+                    namespace: None,
+                },
                 [name] => item(rt, "", name, None),
                 [name, sub] => item(rt, "", name, Some(sub)),
                 _ => Route::Nowhere,
             },
             // Every namespace's objects: lists and watches only.
-            Some(rt) if tail.is_empty() => Route::Collection { rt, namespace: None },
+            Some(rt) if tail.is_empty() => Route::Collection {
+                rt,
+                namespace: None,
+            },
             _ => Route::Nowhere,
         },
         _ => Route::Nowhere,
@@ -120,7 +129,10 @@ fn truthy(query: &HashMap<String, String>, key: &str) -> bool {
     query.get(key).is_some_and(|v| v == "true" || v == "1")
 }
 
-async fn handle(axum::extract::State(shared): axum::extract::State<Shared>, request: Request) -> Response {
+async fn handle(
+    axum::extract::State(shared): axum::extract::State<Shared>,
+    request: Request,
+) -> Response {
     let (mut parts, body) = request.into_parts();
     let query = query_map(parts.uri.query());
     match route(parts.uri.path()) {
@@ -131,10 +143,16 @@ async fn handle(axum::extract::State(shared): axum::extract::State<Shared>, requ
                 if truthy(&query, "watch") {
                     return watch::serve(shared, rt, namespace, query).await;
                 }
-                return answer(list(&shared, &rt, namespace.as_deref(), &query), StatusCode::OK);
+                return answer(
+                    list(&shared, &rt, namespace.as_deref(), &query),
+                    StatusCode::OK,
+                );
             }
             let Some(namespace) = namespace.or_else(|| (!rt.namespaced).then(String::new)) else {
-                return ApiError::method_not_allowed("the server does not allow this method on the requested resource").into_response();
+                return ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                )
+                .into_response();
             };
             let bytes = match read_body(body).await {
                 Ok(b) => b,
@@ -143,7 +161,14 @@ async fn handle(axum::extract::State(shared): axum::extract::State<Shared>, requ
             match parts.method {
                 Method::POST => {
                     let result = decode(&bytes).and_then(|object| {
-                        create_object(&shared, &rt, &namespace, object, &manager(&parts.headers, &query), dry_run(&query))
+                        create_object(
+                            &shared,
+                            &rt,
+                            &namespace,
+                            object,
+                            &manager(&parts.headers, &query),
+                            dry_run(&query),
+                        )
                     });
                     shared.notify();
                     answer(result, StatusCode::CREATED)
@@ -153,10 +178,18 @@ async fn handle(axum::extract::State(shared): axum::extract::State<Shared>, requ
                     shared.notify();
                     answer(result, StatusCode::OK)
                 }
-                _ => ApiError::method_not_allowed("the server does not allow this method on the requested resource").into_response(),
+                _ => ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                )
+                .into_response(),
             }
         }
-        Route::Item { rt, namespace, name, sub } => {
+        Route::Item {
+            rt,
+            namespace,
+            name,
+            sub,
+        } => {
             match sub.as_deref() {
                 None => {}
                 Some("status") if rt.status => {}
@@ -173,7 +206,16 @@ async fn handle(axum::extract::State(shared): axum::extract::State<Shared>, requ
             let result = match parts.method {
                 Method::GET => get(&shared, &rt, &namespace, &name),
                 Method::PUT => decode(&bytes).and_then(|object| {
-                    replace(&shared, &rt, &namespace, &name, object, status_sub, &manager(&parts.headers, &query), dry_run(&query))
+                    replace(
+                        &shared,
+                        &rt,
+                        &namespace,
+                        &name,
+                        object,
+                        status_sub,
+                        &manager(&parts.headers, &query),
+                        dry_run(&query),
+                    )
                 }),
                 Method::PATCH => {
                     let content_type = parts
@@ -182,9 +224,21 @@ async fn handle(axum::extract::State(shared): axum::extract::State<Shared>, requ
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or_default()
                         .to_string();
-                    patch_object(&shared, &rt, &namespace, &name, status_sub, &content_type, &bytes, &parts.headers, &query)
+                    patch_object(
+                        &shared,
+                        &rt,
+                        &namespace,
+                        &name,
+                        status_sub,
+                        &content_type,
+                        &bytes,
+                        &parts.headers,
+                        &query,
+                    )
                 }
-                Method::DELETE if !status_sub => delete_object(&shared, &rt, &namespace, &name, &bytes, &query),
+                Method::DELETE if !status_sub => {
+                    delete_object(&shared, &rt, &namespace, &name, &bytes, &query)
+                }
                 _ => Err(ApiError::method_not_allowed(
                     "the server does not allow this method on the requested resource",
                 )),
@@ -275,8 +329,11 @@ pub fn selectors(
 ) -> Result<(Selector, FieldSelector), ApiError> {
     let labels = Selector::parse(query.get("labelSelector").map_or("", String::as_str))
         .map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str), rt.kind)
-        .map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").map_or("", String::as_str),
+        rt.kind,
+    )
+    .map_err(ApiError::bad_request)?;
     Ok((labels, fields))
 }
 
@@ -302,7 +359,9 @@ fn list(
                 .decode(token)
                 .ok()
                 .and_then(|b| String::from_utf8(b).ok())
-                .ok_or_else(|| ApiError::bad_request("continue key is not valid: illegal base64 data"))?;
+                .ok_or_else(|| {
+                    ApiError::bad_request("continue key is not valid: illegal base64 data")
+                })?;
             Some(decoded)
         }
         None => None,
@@ -311,16 +370,21 @@ fn list(
         items.retain(|o| key_of(o).as_str() > after.as_str());
     }
     let mut metadata = json!({"resourceVersion": state.store.revision().to_string()});
-    if let Some(limit) = query.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0) {
+    if let Some(limit) = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0)
+    {
         if items.len() > limit {
             items.truncate(limit);
             let last = key_of(items.last().expect("a page"));
-            metadata["continue"] =
-                json!(base64::engine::general_purpose::STANDARD.encode(last));
+            metadata["continue"] = json!(base64::engine::general_purpose::STANDARD.encode(last));
             metadata["remainingItemCount"] = json!(0);
         }
     }
-    Ok(json!({"apiVersion": rt.api_version(), "kind": rt.list_kind(), "metadata": metadata, "items": items}))
+    Ok(
+        json!({"apiVersion": rt.api_version(), "kind": rt.list_kind(), "metadata": metadata, "items": items}),
+    )
 }
 
 fn key_of(object: &Value) -> String {
@@ -365,7 +429,12 @@ fn random_suffix() -> String {
 }
 
 /// Decode errors (400) and defaults a kind has before validation.
-fn prepare_kind(state: &State, rt: &ResourceType, object: &mut Value, creating: bool) -> Result<(), ApiError> {
+fn prepare_kind(
+    state: &State,
+    rt: &ResourceType,
+    object: &mut Value,
+    creating: bool,
+) -> Result<(), ApiError> {
     let decode_error = match rt.plural {
         "pods" => pods::decode_error(object),
         "persistentvolumeclaims" => kinds::pvc_decode_error(object),
@@ -396,7 +465,12 @@ fn prepare_kind(state: &State, rt: &ResourceType, object: &mut Value, creating: 
     Ok(())
 }
 
-fn validate_kind(state: &State, rt: &ResourceType, object: &Value, old: Option<&Value>) -> Vec<FieldError> {
+fn validate_kind(
+    state: &State,
+    rt: &ResourceType,
+    object: &Value,
+    old: Option<&Value>,
+) -> Vec<FieldError> {
     let mut errs = objectmeta::validate(rt, object);
     if let Some(old) = old {
         errs.extend(objectmeta::validate_update(old, object));
@@ -437,12 +511,19 @@ fn scope(rt: &ResourceType, status_sub: bool) -> Scope {
     if status_sub {
         Scope::Status
     } else {
-        Scope::Main { status_apart: rt.status }
+        Scope::Main {
+            status_apart: rt.status,
+        }
     }
 }
 
 /// NamespaceLifecycle admission: the namespace exists and is not going.
-fn namespace_admits(state: &State, rt: &ResourceType, namespace: &str, name: &str) -> Result<(), ApiError> {
+fn namespace_admits(
+    state: &State,
+    rt: &ResourceType,
+    namespace: &str,
+    name: &str,
+) -> Result<(), ApiError> {
     if !rt.namespaced {
         return Ok(());
     }
@@ -477,21 +558,37 @@ pub fn create_object(
         }
         _ => {}
     }
-    if meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|v| !v.is_empty()) {
-        return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
+    if meta
+        .get("resourceVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|v| !v.is_empty())
+    {
+        return Err(ApiError::internal(
+            "resourceVersion should not be set on objects to be created",
+        ));
     }
     if rt.namespaced {
         meta.insert("namespace".into(), json!(namespace));
     } else {
         meta.remove("namespace");
     }
-    if meta.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+    if meta
+        .get("name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
         if let Some(prefix) = meta.get("generateName").and_then(Value::as_str) {
             let generated = format!("{prefix}{}", random_suffix());
             meta.insert("name".into(), json!(generated));
         }
     }
-    for server_field in ["uid", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "generation"] {
+    for server_field in [
+        "uid",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "managedFields",
+        "generation",
+    ] {
         meta.remove(server_field);
     }
     let name = meta
@@ -561,7 +658,14 @@ fn scoped_update(rt: &ResourceType, old: &Value, mut new: Value, status_sub: boo
             }
         }
     }
-    for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "managedFields"] {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "managedFields",
+    ] {
         match old["metadata"].get(field) {
             Some(v) => new["metadata"][field] = v.clone(),
             None => {
@@ -617,7 +721,10 @@ fn update_object(
         }
     }
     // A resourceVersion in the request is a precondition.
-    if let Some(rv) = new["metadata"]["resourceVersion"].as_str().filter(|v| !v.is_empty()) {
+    if let Some(rv) = new["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|v| !v.is_empty())
+    {
         if Some(rv) != old["metadata"]["resourceVersion"].as_str() {
             return Err(ApiError::stale(rt.group, rt.plural, name));
         }
@@ -686,7 +793,9 @@ fn replace(
         .get(store::table(rt), namespace, name)
         .cloned()
         .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
-    update_object(&mut state, rt, namespace, name, &old, object, status_sub, manager, dry, None)
+    update_object(
+        &mut state, rt, namespace, name, &old, object, status_sub, manager, dry, None,
+    )
 }
 
 /// `ValidatePatchOptions`: 422 on PatchOptions.
@@ -695,15 +804,25 @@ fn patch_options(patch_type: PatchType, query: &HashMap<String, String>) -> Resu
     let manager = query.get("fieldManager").map_or("", String::as_str);
     if patch_type == PatchType::Apply {
         if manager.is_empty() {
-            errs.push(FieldError::required("fieldManager", "is required for apply patch"));
+            errs.push(FieldError::required(
+                "fieldManager",
+                "is required for apply patch",
+            ));
         }
         if let Some(force) = query.get("force") {
             if force != "true" && force != "false" {
-                errs.push(FieldError::invalid("force", json!(force), "must be true or false".into()));
+                errs.push(FieldError::invalid(
+                    "force",
+                    json!(force),
+                    "must be true or false".into(),
+                ));
             }
         }
     } else if query.contains_key("force") {
-        errs.push(FieldError::forbidden("force", "may not be specified for non-apply patch"));
+        errs.push(FieldError::forbidden(
+            "force",
+            "may not be specified for non-apply patch",
+        ));
     }
     if manager.len() > 128 {
         errs.push(FieldError::too_long("fieldManager", 128, "bytes"));
@@ -745,7 +864,17 @@ fn patch_object(
     let manager = manager(headers, query);
     let dry = dry_run(query);
     if patch_type == PatchType::Apply {
-        return apply(shared, rt, namespace, name, status_sub, body, &manager, truthy(query, "force"), dry);
+        return apply(
+            shared,
+            rt,
+            namespace,
+            name,
+            status_sub,
+            body,
+            &manager,
+            truthy(query, "force"),
+            dry,
+        );
     }
     let patch: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
@@ -757,18 +886,32 @@ fn patch_object(
         .ok_or_else(|| ApiError::not_found(rt.group, rt.plural, name))?;
     let mut new = old.clone();
     // The stored resourceVersion is not the patch's precondition.
-    new["metadata"].as_object_mut().map(|m| m.remove("resourceVersion"));
+    new["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("resourceVersion"));
     match patch_type {
         PatchType::Merge => patch::merge(&mut new, &patch),
-        PatchType::Strategic => patch::strategic(&mut new, &patch).map_err(ApiError::bad_request)?,
-        PatchType::Json => patch::json_patch(&mut new, &patch)
-            .map_err(|e| ApiError::invalid(rt.group, rt.kind, name, &[FieldError::invalid("", json!(""), e)]))?,
+        PatchType::Strategic => {
+            patch::strategic(&mut new, &patch).map_err(ApiError::bad_request)?
+        }
+        PatchType::Json => patch::json_patch(&mut new, &patch).map_err(|e| {
+            ApiError::invalid(
+                rt.group,
+                rt.kind,
+                name,
+                &[FieldError::invalid("", json!(""), e)],
+            )
+        })?,
         PatchType::Apply => unreachable!("handled above"),
     }
     if !new.is_object() {
-        return Err(ApiError::bad_request("the patch made the object not an object"));
+        return Err(ApiError::bad_request(
+            "the patch made the object not an object",
+        ));
     }
-    update_object(&mut state, rt, namespace, name, &old, new, status_sub, &manager, dry, None)
+    update_object(
+        &mut state, rt, namespace, name, &old, new, status_sub, &manager, dry, None,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -805,8 +948,15 @@ fn apply(
     }
     let mut state = shared.lock();
     let old = state.store.get(store::table(rt), namespace, name).cloned();
-    if let Some(rv) = applied["metadata"]["resourceVersion"].as_str().filter(|v| !v.is_empty()) {
-        if old.as_ref().and_then(|o| o["metadata"]["resourceVersion"].as_str()) != Some(rv) {
+    if let Some(rv) = applied["metadata"]["resourceVersion"]
+        .as_str()
+        .filter(|v| !v.is_empty())
+    {
+        if old
+            .as_ref()
+            .and_then(|o| o["metadata"]["resourceVersion"].as_str())
+            != Some(rv)
+        {
             return Err(ApiError::stale(rt.group, rt.plural, name));
         }
     }
@@ -824,7 +974,8 @@ fn apply(
             return Err(ApiError::not_found(rt.group, rt.plural, name));
         }
         // An apply to nothing creates.
-        let mut created = fields::apply(None, &applied, &writer, force).map_err(|c| ApiError::apply_conflicts(&c))?;
+        let mut created = fields::apply(None, &applied, &writer, force)
+            .map_err(|c| ApiError::apply_conflicts(&c))?;
         created["metadata"]["name"] = json!(name);
         let managed = created["metadata"]["managedFields"].clone();
         drop(state);
@@ -837,11 +988,25 @@ fn apply(
         }
         return Ok(stored);
     };
-    let merged = fields::apply(Some(&old), &applied, &writer, force).map_err(|c| ApiError::apply_conflicts(&c))?;
+    let merged = fields::apply(Some(&old), &applied, &writer, force)
+        .map_err(|c| ApiError::apply_conflicts(&c))?;
     let managed = merged["metadata"]["managedFields"].clone();
     let mut merged = merged;
-    merged["metadata"].as_object_mut().map(|m| m.remove("resourceVersion"));
-    update_object(&mut state, rt, namespace, name, &old, merged, status_sub, manager, dry, Some(managed))
+    merged["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("resourceVersion"));
+    update_object(
+        &mut state,
+        rt,
+        namespace,
+        name,
+        &old,
+        merged,
+        status_sub,
+        manager,
+        dry,
+        Some(managed),
+    )
 }
 
 /// DeleteOptions from the body, with query parameters as a fallback.
@@ -898,12 +1063,16 @@ fn delete_object(
                 rt.group,
                 rt.plural,
                 name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                ),
             ));
         }
     }
     if let Some(rv) = preconditions["resourceVersion"].as_str() {
-        let have = object["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+        let have = object["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default();
         if rv != have {
             return Err(ApiError::conflict(
                 rt.group,
@@ -922,9 +1091,11 @@ fn delete_object(
         // Still there: terminating, held by its grace or finalizers.
         Some(object) => Ok(object.clone()),
         None if matches!(rt.plural, "pods" | "persistentvolumeclaims") => Ok(object),
-        None => Ok(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+        None => Ok(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
             "details": {"name": name, "group": rt.group, "kind": rt.plural,
-                        "uid": object["metadata"]["uid"]}})),
+                        "uid": object["metadata"]["uid"]}}),
+        ),
     }
 }
 
@@ -944,12 +1115,17 @@ fn delete_collection(
         .filter(|o| labels.matches(o) && fields.matches(o))
         .collect();
     for object in &doomed {
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         lifecycle::delete(&mut state, rt, namespace, &name, None, None);
     }
     lifecycle::settle(&mut state);
-    Ok(json!({"apiVersion": rt.api_version(), "kind": rt.list_kind(),
-              "metadata": {"resourceVersion": state.store.revision().to_string()}, "items": doomed}))
+    Ok(
+        json!({"apiVersion": rt.api_version(), "kind": rt.list_kind(),
+              "metadata": {"resourceVersion": state.store.revision().to_string()}, "items": doomed}),
+    )
 }
 
 /// `pods "x"` as a message names it.

@@ -13,7 +13,12 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
-const ACCESS_MODES: [&str; 4] = ["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];
+const ACCESS_MODES: [&str; 4] = [
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
 const SECRET_MAX: usize = 1024 * 1024;
 /// `ReportingInstanceLengthLimit`, `ActionLengthLimit`, `ReasonLengthLimit`.
 const EVENT_FIELD_MAX: usize = 128;
@@ -101,7 +106,11 @@ pub fn validate_pvc(pvc: &Value) -> Vec<FieldError> {
     }
     if let Some(class) = spec["storageClassName"].as_str().filter(|c| !c.is_empty()) {
         for msg in names::dns1123_subdomain(class) {
-            errs.push(FieldError::invalid("spec.storageClassName", json!(class), msg));
+            errs.push(FieldError::invalid(
+                "spec.storageClassName",
+                json!(class),
+                msg,
+            ));
         }
     }
     errs
@@ -137,7 +146,11 @@ pub fn prepare_secret(secret: &mut Value) -> Result<(), String> {
             }
         }
     }
-    for v in secret["data"].as_object().into_iter().flat_map(|m| m.values()) {
+    for v in secret["data"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+    {
         let text = v.as_str().unwrap_or_default();
         if let Err(err) = base64::engine::general_purpose::STANDARD.decode(text) {
             return Err(format!(
@@ -153,7 +166,11 @@ pub fn validate_secret(secret: &Value) -> Vec<FieldError> {
     let mut total = 0usize;
     for (key, value) in secret["data"].as_object().into_iter().flatten() {
         for msg in names::config_map_key(key) {
-            errs.push(FieldError::invalid(&format!("data[{key}]"), json!(key), msg));
+            errs.push(FieldError::invalid(
+                &format!("data[{key}]"),
+                json!(key),
+                msg,
+            ));
         }
         total += base64::engine::general_purpose::STANDARD
             .decode(value.as_str().unwrap_or_default())
@@ -168,7 +185,11 @@ pub fn validate_secret(secret: &Value) -> Vec<FieldError> {
 pub fn validate_secret_update(old: &Value, new: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     if old["type"] != new["type"] {
-        errs.push(FieldError::invalid("type", new["type"].clone(), "field is immutable".into()));
+        errs.push(FieldError::invalid(
+            "type",
+            new["type"].clone(),
+            "field is immutable".into(),
+        ));
     }
     if old["immutable"] == json!(true) {
         if old["data"] != new["data"] {
@@ -285,10 +306,20 @@ pub fn validate_event(event: &Value) -> Vec<FieldError> {
         errs.push(FieldError::required("reportingController", ""));
     } else {
         for msg in names::qualified_name(controller) {
-            errs.push(FieldError::invalid("reportingController", json!(controller), msg));
+            errs.push(FieldError::invalid(
+                "reportingController",
+                json!(controller),
+                msg,
+            ));
         }
     }
-    bounded(&mut errs, event, "reportingInstance", "reportingInstance", EVENT_FIELD_MAX);
+    bounded(
+        &mut errs,
+        event,
+        "reportingInstance",
+        "reportingInstance",
+        EVENT_FIELD_MAX,
+    );
     bounded(&mut errs, event, "action", "action", EVENT_FIELD_MAX);
     bounded(&mut errs, event, "reason", "reason", EVENT_FIELD_MAX);
     bounded(&mut errs, event, "note", "message", EVENT_NOTE_MAX);
@@ -302,15 +333,27 @@ pub fn validate_event(event: &Value) -> Vec<FieldError> {
     }
     if let Some(series) = event.get("series").filter(|s| !s.is_null()) {
         if series["count"].as_i64().unwrap_or(0) < 2 {
-            errs.push(FieldError::invalid("series.count", json!(""), "should be at least 2".into()));
+            errs.push(FieldError::invalid(
+                "series.count",
+                json!(""),
+                "should be at least 2".into(),
+            ));
         }
         if series["lastObservedTime"].as_str().is_none() {
             errs.push(FieldError::required("series.lastObservedTime", ""));
         }
     }
-    for deprecated in ["deprecatedFirstTimestamp", "deprecatedLastTimestamp", "deprecatedCount"] {
+    for deprecated in [
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedCount",
+    ] {
         if event.get(deprecated).is_some_and(|v| !v.is_null()) {
-            errs.push(FieldError::invalid(deprecated, json!(""), "needs to be unset".into()));
+            errs.push(FieldError::invalid(
+                deprecated,
+                json!(""),
+                "needs to be unset".into(),
+            ));
         }
     }
     errs
@@ -331,7 +374,11 @@ pub fn validate_event_update(old: &Value, new: &Value) -> Vec<FieldError> {
         ("reportingInstance", "reportingInstance"),
     ] {
         if old[field] != new[field] {
-            errs.push(FieldError::invalid(internal, new[field].clone(), "field is immutable".into()));
+            errs.push(FieldError::invalid(
+                internal,
+                new[field].clone(),
+                "field is immutable".into(),
+            ));
         }
     }
     errs

@@ -28,7 +28,10 @@ fn terminating(object: &Value) -> bool {
 }
 
 fn terminal_phase(pod: &Value) -> bool {
-    matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
 }
 
 fn expired(object: &Value, now: jiff::Timestamp) -> bool {
@@ -61,7 +64,9 @@ pub fn delete(
         return false;
     };
     let grace = if rt.plural == "pods" {
-        let unscheduled = object["spec"]["nodeName"].as_str().is_none_or(str::is_empty);
+        let unscheduled = object["spec"]["nodeName"]
+            .as_str()
+            .is_none_or(str::is_empty);
         if unscheduled || terminal_phase(&object) {
             0
         } else {
@@ -124,9 +129,11 @@ fn owner_present(state: &State, namespace: &str, owner: &Value) -> Option<bool> 
         owner["kind"].as_str().unwrap_or_default(),
     )?;
     let ns = if rt.namespaced { namespace } else { "" };
-    let found = state
-        .store
-        .get(store::table(&rt), ns, owner["name"].as_str().unwrap_or_default());
+    let found = state.store.get(
+        store::table(&rt),
+        ns,
+        owner["name"].as_str().unwrap_or_default(),
+    );
     Some(found.is_some_and(|o| o["metadata"]["uid"] == owner["uid"]))
 }
 
@@ -195,7 +202,14 @@ fn pass(state: &mut State) -> bool {
             if held.iter().any(|f| f == "foregroundDeletion") {
                 let deps = dependents(state, &uid);
                 if deps.is_empty() {
-                    return drop_finalizer(state, table, &namespace, &name, object, "foregroundDeletion");
+                    return drop_finalizer(
+                        state,
+                        table,
+                        &namespace,
+                        &name,
+                        object,
+                        "foregroundDeletion",
+                    );
                 }
                 let mut changed = false;
                 for (t, ns, n) in deps {

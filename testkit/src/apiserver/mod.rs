@@ -184,7 +184,11 @@ impl ApiServer {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut store = store::Store::new(options.watch_history);
         let gates = pods::Gates {
-            enabled: options.feature_gates.iter().cloned().collect::<BTreeSet<_>>(),
+            enabled: options
+                .feature_gates
+                .iter()
+                .cloned()
+                .collect::<BTreeSet<_>>(),
         };
         for namespace in &options.namespaces {
             let uid = store.new_uid();
@@ -344,7 +348,10 @@ impl ApiServer {
     /// Creates `object` (its apiVersion and kind say where) through the
     /// same admission as a POST, for a test's fixtures.
     pub fn create(&self, object: Value) -> Result<Value, ApiError> {
-        let api_version = object["apiVersion"].as_str().unwrap_or_default().to_string();
+        let api_version = object["apiVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let kind = object["kind"].as_str().unwrap_or_default().to_string();
         let rt = resources::by_kind(&api_version, &kind)
             .ok_or_else(|| ApiError::bad_request(format!("no kind {kind} in {api_version}")))?;
@@ -363,7 +370,10 @@ impl ApiServer {
         let Some(pod) = self.find_pod(name) else {
             return false;
         };
-        let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default().to_string();
+        let namespace = pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let removed = {
             let mut state = self.shared.lock();
             let removed = state

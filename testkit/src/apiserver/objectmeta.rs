@@ -38,7 +38,11 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
             errs.push(FieldError::required("metadata.namespace", ""));
         } else {
             for msg in names::dns1123_label(namespace) {
-                errs.push(FieldError::invalid("metadata.namespace", json!(namespace), msg));
+                errs.push(FieldError::invalid(
+                    "metadata.namespace",
+                    json!(namespace),
+                    msg,
+                ));
             }
         }
     } else if !namespace.is_empty() {
@@ -51,10 +55,18 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
         errs.extend(names::validate_labels(labels, "metadata.labels"));
     }
     if let Some(annotations) = meta["annotations"].as_object() {
-        errs.extend(names::validate_annotations(annotations, "metadata.annotations"));
+        errs.extend(names::validate_annotations(
+            annotations,
+            "metadata.annotations",
+        ));
     }
     errs.extend(owner_references(meta));
-    for (i, finalizer) in meta["finalizers"].as_array().into_iter().flatten().enumerate() {
+    for (i, finalizer) in meta["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let name = finalizer.as_str().unwrap_or_default();
         let path = format!("metadata.finalizers[{i}]");
         let msgs = names::qualified_name(name);
@@ -76,7 +88,12 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<FieldError> {
 fn owner_references(meta: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
     let mut controllers = Vec::new();
-    for (i, owner) in meta["ownerReferences"].as_array().into_iter().flatten().enumerate() {
+    for (i, owner) in meta["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let path = format!("metadata.ownerReferences[{i}]");
         for field in ["apiVersion", "kind", "name", "uid"] {
             if owner[field].as_str().is_none_or(str::is_empty) {

@@ -60,7 +60,11 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// (`patchMergeKey` in k8s.io/api's types).
 pub fn merge_key(field: &str) -> Option<&'static str> {
     Some(match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env"
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
         | "imagePullSecrets" => "name",
         "volumeMounts" => "mountPath",
         "volumeDevices" => "devicePath",
@@ -110,7 +114,10 @@ pub fn strategic(target: &mut Value, patch: &Value) -> Result<(), String> {
             continue;
         }
         if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
-            let drop: Vec<&Value> = value.as_array().map(|a| a.iter().collect()).unwrap_or_default();
+            let drop: Vec<&Value> = value
+                .as_array()
+                .map(|a| a.iter().collect())
+                .unwrap_or_default();
             if let Some(Value::Array(list)) = map.get_mut(field) {
                 list.retain(|v| !drop.contains(&v));
             }
@@ -159,10 +166,9 @@ fn merge_list(existing: &mut Value, items: &[Value], merge_key: &str) -> Result<
     }
     let list = existing.as_array_mut().expect("an array");
     // `[{"$patch": "replace"}, …]` replaces the whole list.
-    if items
-        .iter()
-        .any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace") && i.get(merge_key).is_none())
-    {
+    if items.iter().any(|i| {
+        i.get("$patch").and_then(Value::as_str) == Some("replace") && i.get(merge_key).is_none()
+    }) {
         *list = items
             .iter()
             .filter(|i| i.get("$patch").is_none())
@@ -342,12 +348,18 @@ mod tests {
                            "metadata": {"finalizers": ["f2"]}});
         let mut by_strategy = pod.clone();
         strategic(&mut by_strategy, &patch).unwrap();
-        assert_eq!(by_strategy["spec"]["containers"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            by_strategy["spec"]["containers"].as_array().unwrap().len(),
+            2
+        );
         assert_eq!(by_strategy["spec"]["containers"][1]["image"], "z");
         assert_eq!(by_strategy["metadata"]["finalizers"], json!(["f1", "f2"]));
         let mut by_merge = pod.clone();
         merge(&mut by_merge, &patch);
-        assert_eq!(by_merge["spec"]["containers"], json!([{"name": "b", "image": "z"}]));
+        assert_eq!(
+            by_merge["spec"]["containers"],
+            json!([{"name": "b", "image": "z"}])
+        );
 
         let mut deleted = pod.clone();
         strategic(
@@ -356,7 +368,10 @@ mod tests {
                     "$deleteFromPrimitiveList/finalizers": ["f1"]}),
         )
         .unwrap();
-        assert_eq!(deleted["spec"]["containers"], json!([{"name": "b", "image": "y"}]));
+        assert_eq!(
+            deleted["spec"]["containers"],
+            json!([{"name": "b", "image": "y"}])
+        );
     }
 
     #[test]
@@ -374,7 +389,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(doc, json!({"a": [2, 3], "b": {"c": 2}, "d": {"c": 2}}));
-        assert!(json_patch(&mut doc, &json!([{"op": "test", "path": "/b/c", "value": 9}])).is_err());
+        assert!(json_patch(
+            &mut doc,
+            &json!([{"op": "test", "path": "/b/c", "value": 9}])
+        )
+        .is_err());
         assert!(json_patch(&mut doc, &json!([{"op": "remove", "path": "/zz"}])).is_err());
     }
 }

@@ -83,7 +83,11 @@ fn default_pull_policy(image: &str) -> &'static str {
 }
 
 fn qos_class(spec: &Value) -> &'static str {
-    let containers: Vec<&Value> = spec["containers"].as_array().into_iter().flatten().collect();
+    let containers: Vec<&Value> = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
     let mut any = false;
     let mut guaranteed = true;
     for c in containers {
@@ -96,7 +100,9 @@ fn qos_class(spec: &Value) -> &'static str {
         }
         for resource in ["cpu", "memory"] {
             let limit = limits.get(resource).and_then(|q| quantity::of_json(q).ok());
-            let request = requests.get(resource).and_then(|q| quantity::of_json(q).ok());
+            let request = requests
+                .get(resource)
+                .and_then(|q| quantity::of_json(q).ok());
             if limit.is_none() || request != limit {
                 guaranteed = false;
             }
@@ -124,14 +130,17 @@ pub fn prepare_create(pod: &mut Value, gates: &Gates) {
         spec.insert("serviceAccount".into(), account);
         set_default(spec, "priority", json!(0));
         set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
-        let tolerations = spec
-            .entry("tolerations")
-            .or_insert_with(|| json!([]));
+        let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
         if let Some(list) = tolerations.as_array_mut() {
-            for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+            for key in [
+                "node.kubernetes.io/not-ready",
+                "node.kubernetes.io/unreachable",
+            ] {
                 if !list.iter().any(|t| t["key"] == key) {
-                    list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute",
-                                     "tolerationSeconds": 300}));
+                    list.push(
+                        json!({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                     "tolerationSeconds": 300}),
+                    );
                 }
             }
         }
@@ -189,7 +198,12 @@ pub fn decode_error(pod: &Value) -> Option<String> {
     for list in ["containers", "initContainers"] {
         for c in pod["spec"][list].as_array().into_iter().flatten() {
             for part in ["limits", "requests"] {
-                all.extend(c["resources"][part].as_object().into_iter().flat_map(|m| m.values()));
+                all.extend(
+                    c["resources"][part]
+                        .as_object()
+                        .into_iter()
+                        .flat_map(|m| m.values()),
+                );
             }
         }
     }
@@ -234,7 +248,12 @@ fn security_context(errs: &mut Vec<FieldError>, path: &str, sc: &Value, pod_leve
     check_id(errs, &format!("{path}.runAsGroup"), &sc["runAsGroup"]);
     if pod_level {
         check_id(errs, &format!("{path}.fsGroup"), &sc["fsGroup"]);
-        for (i, g) in sc["supplementalGroups"].as_array().into_iter().flatten().enumerate() {
+        for (i, g) in sc["supplementalGroups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             check_id(errs, &format!("{path}.supplementalGroups[{i}]"), g);
         }
         if let Some(policy) = sc["fsGroupChangePolicy"].as_str() {
@@ -258,7 +277,10 @@ fn security_context(errs: &mut Vec<FieldError>, path: &str, sc: &Value, pod_leve
         let field = format!("{path}.seccompProfile.type");
         match kind {
             "RuntimeDefault" | "Unconfined" => {
-                if profile.get("localhostProfile").is_some_and(|v| !v.is_null()) {
+                if profile
+                    .get("localhostProfile")
+                    .is_some_and(|v| !v.is_null())
+                {
                     errs.push(FieldError::invalid(
                         &format!("{path}.seccompProfile.localhostProfile"),
                         profile["localhostProfile"].clone(),
@@ -267,7 +289,11 @@ fn security_context(errs: &mut Vec<FieldError>, path: &str, sc: &Value, pod_leve
                 }
             }
             "Localhost" => {
-                if profile.get("localhostProfile").and_then(Value::as_str).is_none() {
+                if profile
+                    .get("localhostProfile")
+                    .and_then(Value::as_str)
+                    .is_none()
+                {
                     errs.push(FieldError::required(
                         &format!("{path}.seccompProfile.localhostProfile"),
                         "must be set when seccomp type is Localhost",
@@ -340,7 +366,11 @@ fn volumes(errs: &mut Vec<FieldError>, spec: &Value) -> HashSet<String> {
             errs.push(FieldError::required(&format!("{path}.name"), ""));
         } else {
             for msg in names::dns1123_label(name) {
-                errs.push(FieldError::invalid(&format!("{path}.name"), json!(name), msg));
+                errs.push(FieldError::invalid(
+                    &format!("{path}.name"),
+                    json!(name),
+                    msg,
+                ));
             }
             if !seen.insert(name.to_string()) {
                 errs.push(FieldError::duplicate(&format!("{path}.name"), json!(name)));
@@ -386,7 +416,10 @@ fn containers(errs: &mut Vec<FieldError>, spec: &Value, volumes: &HashSet<String
     if list.is_none_or(Vec::is_empty) {
         errs.push(FieldError::required("spec.containers", ""));
     }
-    for (kind, list) in [("containers", list), ("initContainers", spec["initContainers"].as_array())] {
+    for (kind, list) in [
+        ("containers", list),
+        ("initContainers", spec["initContainers"].as_array()),
+    ] {
         for (i, c) in list.into_iter().flatten().enumerate() {
             let path = format!("spec.{kind}[{i}]");
             let name = c["name"].as_str().unwrap_or_default();
@@ -394,7 +427,11 @@ fn containers(errs: &mut Vec<FieldError>, spec: &Value, volumes: &HashSet<String
                 errs.push(FieldError::required(&format!("{path}.name"), ""));
             } else {
                 for msg in names::dns1123_label(name) {
-                    errs.push(FieldError::invalid(&format!("{path}.name"), json!(name), msg));
+                    errs.push(FieldError::invalid(
+                        &format!("{path}.name"),
+                        json!(name),
+                        msg,
+                    ));
                 }
                 if !names_seen.insert(name.to_string()) {
                     errs.push(FieldError::duplicate(&format!("{path}.name"), json!(name)));
@@ -425,7 +462,11 @@ fn containers(errs: &mut Vec<FieldError>, spec: &Value, volumes: &HashSet<String
                     errs.push(FieldError::required(&format!("{var_path}.name"), ""));
                 }
                 for msg in names::env_var_name(var_name) {
-                    errs.push(FieldError::invalid(&format!("{var_path}.name"), json!(var_name), msg));
+                    errs.push(FieldError::invalid(
+                        &format!("{var_path}.name"),
+                        json!(var_name),
+                        msg,
+                    ));
                 }
                 if var.get("value").is_some_and(|v| !v.is_null())
                     && var.get("valueFrom").is_some_and(|v| !v.is_null())
@@ -439,13 +480,21 @@ fn containers(errs: &mut Vec<FieldError>, spec: &Value, volumes: &HashSet<String
             }
             resources(errs, &format!("{path}.resources"), &c["resources"]);
             let mut mount_paths = HashSet::new();
-            for (j, m) in c["volumeMounts"].as_array().into_iter().flatten().enumerate() {
+            for (j, m) in c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 let mount = format!("{path}.volumeMounts[{j}]");
                 let volume = m["name"].as_str().unwrap_or_default();
                 if volume.is_empty() {
                     errs.push(FieldError::required(&format!("{mount}.name"), ""));
                 } else if !volumes.contains(volume) {
-                    errs.push(FieldError::not_found(&format!("{mount}.name"), json!(volume)));
+                    errs.push(FieldError::not_found(
+                        &format!("{mount}.name"),
+                        json!(volume),
+                    ));
                 }
                 let at = m["mountPath"].as_str().unwrap_or_default();
                 if at.is_empty() {
@@ -485,7 +534,11 @@ pub fn validate(pod: &Value) -> Vec<FieldError> {
     }
     if let Some(policy) = spec["dnsPolicy"].as_str() {
         if !DNS_POLICIES.contains(&policy) {
-            errs.push(FieldError::not_supported("spec.dnsPolicy", json!(policy), &DNS_POLICIES));
+            errs.push(FieldError::not_supported(
+                "spec.dnsPolicy",
+                json!(policy),
+                &DNS_POLICIES,
+            ));
         }
     }
     if let Some(deadline) = spec["activeDeadlineSeconds"].as_i64() {
@@ -522,7 +575,12 @@ pub fn validate(pod: &Value) -> Vec<FieldError> {
     if let Some(selector) = spec["nodeSelector"].as_object() {
         errs.extend(names::validate_labels(selector, "spec.nodeSelector"));
     }
-    for (i, t) in spec["tolerations"].as_array().into_iter().flatten().enumerate() {
+    for (i, t) in spec["tolerations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         let path = format!("spec.tolerations[{i}]");
         if let Some(op) = t["operator"].as_str() {
             if !["Exists", "Equal"].contains(&op) {
@@ -610,10 +668,19 @@ mod tests {
         p["spec"]["hostUsers"] = json!(false);
         prepare_create(&mut p, &Gates::default());
         assert!(validate(&p).is_empty(), "{:?}", validate(&p));
-        assert!(p["spec"].get("hostUsers").is_none(), "dropped with the gate off");
-        assert_eq!(p["spec"]["containers"][0]["resources"]["requests"]["cpu"], "1");
+        assert!(
+            p["spec"].get("hostUsers").is_none(),
+            "dropped with the gate off"
+        );
+        assert_eq!(
+            p["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+            "1"
+        );
         assert_eq!(p["status"]["qosClass"], "Guaranteed");
-        assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(
+            p["spec"]["containers"][0]["imagePullPolicy"],
+            "IfNotPresent"
+        );
         let mut kept = pod();
         kept["spec"]["hostUsers"] = json!(false);
         prepare_create(
@@ -628,18 +695,55 @@ mod tests {
     #[test]
     fn each_bound_is_refused_past_its_edge() {
         let cases: Vec<(&str, Value, &str)> = vec![
-            ("/spec/activeDeadlineSeconds", json!(0), "spec.activeDeadlineSeconds"),
-            ("/spec/activeDeadlineSeconds", json!(2147483648i64), "spec.activeDeadlineSeconds"),
-            ("/spec/securityContext", json!({"runAsUser": 2147483648i64}), "spec.securityContext.runAsUser"),
-            ("/spec/securityContext", json!({"fsGroup": -1}), "spec.securityContext.fsGroup"),
-            ("/spec/containers/0/name", json!("Runner"), "spec.containers[0].name"),
-            ("/spec/containers/0/volumeMounts/0/name", json!("nope"), "spec.containers[0].volumeMounts[0].name"),
-            ("/spec/restartPolicy", json!("Sometimes"), "spec.restartPolicy"),
-            ("/spec/containers/0/resources", json!({"limits": {"cpu": "1"}, "requests": {"cpu": "2"}}), "spec.containers[0].resources.requests"),
+            (
+                "/spec/activeDeadlineSeconds",
+                json!(0),
+                "spec.activeDeadlineSeconds",
+            ),
+            (
+                "/spec/activeDeadlineSeconds",
+                json!(2147483648i64),
+                "spec.activeDeadlineSeconds",
+            ),
+            (
+                "/spec/securityContext",
+                json!({"runAsUser": 2147483648i64}),
+                "spec.securityContext.runAsUser",
+            ),
+            (
+                "/spec/securityContext",
+                json!({"fsGroup": -1}),
+                "spec.securityContext.fsGroup",
+            ),
+            (
+                "/spec/containers/0/name",
+                json!("Runner"),
+                "spec.containers[0].name",
+            ),
+            (
+                "/spec/containers/0/volumeMounts/0/name",
+                json!("nope"),
+                "spec.containers[0].volumeMounts[0].name",
+            ),
+            (
+                "/spec/restartPolicy",
+                json!("Sometimes"),
+                "spec.restartPolicy",
+            ),
+            (
+                "/spec/containers/0/resources",
+                json!({"limits": {"cpu": "1"}, "requests": {"cpu": "2"}}),
+                "spec.containers[0].resources.requests",
+            ),
         ];
         for (pointer, value, field) in cases {
             let mut p = pod();
-            *p.pointer_mut(pointer).unwrap_or_else(|| panic!("{pointer}")) = value.clone();
+            let (parent, last) = pointer.rsplit_once('/').unwrap();
+            let slot = p.pointer_mut(parent).unwrap_or_else(|| panic!("{pointer}"));
+            match slot {
+                Value::Array(items) => items[last.parse::<usize>().unwrap()] = value.clone(),
+                other => other[last] = value.clone(),
+            }
             let errs = validate(&p);
             assert!(
                 errs.iter().any(|e| e.field == field),

@@ -17,7 +17,8 @@ pub struct Schemas {
 
 impl Schemas {
     pub fn builtin() -> Schemas {
-        let crd: Value = serde_yaml::from_str(WORKER_POOL_CRD).expect("crds/workerpool.yaml parses");
+        let crd: Value =
+            serde_yaml::from_str(WORKER_POOL_CRD).expect("crds/workerpool.yaml parses");
         let worker_pool = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
         Schemas { worker_pool }
     }
@@ -71,7 +72,9 @@ fn prune_inner(value: &mut Value, schema: &Value, path: &str) -> Vec<String> {
                         false
                     }
                 });
-            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+            } else if let Some(additional) =
+                schema.get("additionalProperties").filter(|a| a.is_object())
+            {
                 for (key, child) in map.iter_mut() {
                     pruned.extend(prune_inner(child, additional, &format!("{path}[{key}]")));
                 }
@@ -119,7 +122,12 @@ pub fn validate(object: &Value, schema: &Value) -> Vec<FieldError> {
 }
 
 fn required(object: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) {
-    for key in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+    for key in schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
         if object.get(key).is_none() {
             let field = if path.is_empty() {
                 key.to_string()
@@ -137,7 +145,10 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
             errs.push(FieldError::type_invalid(
                 path,
                 Value::Null,
-                &format!("{path} in body must be of type {}", schema["type"].as_str().unwrap_or("object")),
+                &format!(
+                    "{path} in body must be of type {}",
+                    schema["type"].as_str().unwrap_or("object")
+                ),
             ));
         }
         return;
@@ -147,7 +158,10 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
             errs.push(FieldError::type_invalid(
                 path,
                 value.clone(),
-                &format!("{path} in body must be of type integer,string: \"{}\"", type_name(value)),
+                &format!(
+                    "{path} in body must be of type integer,string: \"{}\"",
+                    type_name(value)
+                ),
             ));
         }
         return;
@@ -168,7 +182,11 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
         if !options.contains(value) {
             let supported: Vec<String> = options
                 .iter()
-                .map(|o| o.as_str().map(str::to_string).unwrap_or_else(|| o.to_string()))
+                .map(|o| {
+                    o.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| o.to_string())
+                })
                 .collect();
             let supported: Vec<&str> = supported.iter().map(String::as_str).collect();
             errs.push(FieldError::not_supported(path, value.clone(), &supported));
@@ -180,7 +198,10 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
                 errs.push(FieldError::invalid(
                     path,
                     value.clone(),
-                    format!("{path} in body should be greater than or equal to {}", fmt_number(min)),
+                    format!(
+                        "{path} in body should be greater than or equal to {}",
+                        fmt_number(min)
+                    ),
                 ));
             }
         }
@@ -189,7 +210,10 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
                 errs.push(FieldError::invalid(
                     path,
                     value.clone(),
-                    format!("{path} in body should be less than or equal to {}", fmt_number(max)),
+                    format!(
+                        "{path} in body should be less than or equal to {}",
+                        fmt_number(max)
+                    ),
                 ));
             }
         }
@@ -204,7 +228,10 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
                 errs.push(FieldError::invalid(
                     path,
                     value.clone(),
-                    format!("{path} in body must be of type {}", schema["format"].as_str().unwrap_or_default()),
+                    format!(
+                        "{path} in body must be of type {}",
+                        schema["format"].as_str().unwrap_or_default()
+                    ),
                 ));
             }
         }
@@ -233,7 +260,9 @@ fn check(value: &Value, schema: &Value, path: &str, errs: &mut Vec<FieldError>) 
                 let child_path = format!("{path}.{key}");
                 if let Some(s) = properties.and_then(|p| p.get(key)) {
                     check(child, s, &child_path, errs);
-                } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                } else if let Some(additional) =
+                    schema.get("additionalProperties").filter(|a| a.is_object())
+                {
                     check(child, additional, &format!("{path}[{key}]"), errs);
                 }
             }
@@ -278,7 +307,11 @@ mod tests {
         let schema = schemas.of("WorkerPool").unwrap();
         let good = pool(json!({"environmentId": "env_1",
             "environmentKeySecret": {"name": "k"}, "maxConcurrency": 1000}));
-        assert!(validate(&good, schema).is_empty(), "{:?}", validate(&good, schema));
+        assert!(
+            validate(&good, schema).is_empty(),
+            "{:?}",
+            validate(&good, schema)
+        );
         let too_many = pool(json!({"environmentId": "env_1",
             "environmentKeySecret": {"name": "k"}, "maxConcurrency": 1001}));
         let errs = validate(&too_many, schema);

@@ -206,12 +206,7 @@ impl Parser {
                 }
                 // `key=` selects the empty value.
                 Token::End | Token::Comma => BTreeSet::from([String::new()]),
-                other => {
-                    return Err(format!(
-                        "found '{}', expected: identifier",
-                        other.literal()
-                    ))
-                }
+                other => return Err(format!("found '{}', expected: identifier", other.literal())),
             },
         };
         let requirement = Requirement { key, op, values };
@@ -241,7 +236,10 @@ impl Parser {
                         Token::Comma => continue,
                         Token::Close => return Ok(values),
                         other => {
-                            return Err(format!("found '{}', expected: ',' or ')'", other.literal()))
+                            return Err(format!(
+                                "found '{}', expected: ',' or ')'",
+                                other.literal()
+                            ))
                         }
                     }
                 }
@@ -275,11 +273,9 @@ fn validate_key(key: &str) -> Result<(), String> {
 fn check_values(r: &Requirement) -> Result<(), String> {
     let path = "values";
     match r.op {
-        Op::In | Op::NotIn if r.values.is_empty() => {
-            return Err(format!(
-                "{path}: Invalid value: null: for 'in', 'notin' operators, values set can't be empty"
-            ))
-        }
+        Op::In | Op::NotIn if r.values.is_empty() => return Err(format!(
+            "{path}: Invalid value: null: for 'in', 'notin' operators, values set can't be empty"
+        )),
         Op::Equals | Op::NotEquals if r.values.len() != 1 => {
             return Err(format!(
                 "{path}: Invalid value: null: exact-match compatibility requires one single value"
@@ -394,11 +390,18 @@ impl FieldSelector {
             } else if let Some((f, v)) = term.split_once('=') {
                 (f, true, v)
             } else {
-                return Err(format!("invalid selector: '{input}'; can't understand '{term}'"));
+                return Err(format!(
+                    "invalid selector: '{input}'; can't understand '{term}'"
+                ));
             };
             let field = field.trim();
             let known: &[&str] = if kind == "Pod" {
-                &["metadata.name", "metadata.namespace", "spec.nodeName", "status.phase"]
+                &[
+                    "metadata.name",
+                    "metadata.namespace",
+                    "spec.nodeName",
+                    "status.phase",
+                ]
             } else {
                 &["metadata.name", "metadata.namespace"]
             };
@@ -496,17 +499,20 @@ mod tests {
             );
         }
         let err = Selector::parse(&too_long).unwrap_err();
-        assert!(
-            err.contains("must be no more than 63 characters"),
-            "{err}"
-        );
+        assert!(err.contains("must be no more than 63 characters"), "{err}");
     }
 
     #[test]
     fn field_selectors_know_name_and_namespace_only() {
         let object = json!({"metadata": {"name": "a", "namespace": "ns"}});
-        assert!(FieldSelector::parse("metadata.name=a", "Pod").unwrap().matches(&object));
-        assert!(!FieldSelector::parse("metadata.name!=a", "Pod").unwrap().matches(&object));
-        assert!(FieldSelector::parse("spec.nodeName=x", "Pod").is_err());
+        assert!(FieldSelector::parse("metadata.name=a", "Pod")
+            .unwrap()
+            .matches(&object));
+        assert!(!FieldSelector::parse("metadata.name!=a", "Pod")
+            .unwrap()
+            .matches(&object));
+        assert!(FieldSelector::parse("spec.nodeName=x", "Pod").is_ok());
+        assert!(FieldSelector::parse("spec.nodeName=x", "Secret").is_err());
+        assert!(FieldSelector::parse("spec.foo=x", "Pod").is_err());
     }
 }

@@ -39,7 +39,10 @@ impl Filter {
     /// The event a watcher sees for one change, if any.
     fn event(&self, record: &Record) -> Option<(&'static str, Value)> {
         if record.table != self.table
-            || self.namespace.as_ref().is_some_and(|ns| *ns != record.namespace)
+            || self
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| *ns != record.namespace)
         {
             return None;
         }
@@ -70,10 +73,13 @@ pub async fn serve(
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
     let initial_events = query.get("sendInitialEvents").is_some_and(|v| v == "true");
     if initial_events
-        && (query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") || !bookmarks)
+        && (query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan")
+            || !bookmarks)
     {
         return ApiError::invalid(
             "meta.k8s.io",
@@ -86,13 +92,17 @@ pub async fn serve(
         )
         .into_response();
     }
-    let asked = query.get("resourceVersion").filter(|v| !v.is_empty()).cloned();
+    let asked = query
+        .get("resourceVersion")
+        .filter(|v| !v.is_empty())
+        .cloned();
     let from: Option<u64> = match asked.as_deref() {
         None | Some("0") => None,
         Some(v) => match v.parse() {
             Ok(n) => Some(n),
             Err(_) => {
-                return ApiError::bad_request(format!("invalid resource version: {v}")).into_response()
+                return ApiError::bad_request(format!("invalid resource version: {v}"))
+                    .into_response()
             }
         },
     };
@@ -114,7 +124,18 @@ pub async fn serve(
         fields,
     };
     let (tx, rx) = mpsc::channel::<String>(64);
-    tokio::spawn(stream(shared, rt, filter, from, initial_events || from.is_none(), initial_events, bookmarks, bookmark_every, timeout, tx));
+    tokio::spawn(stream(
+        shared,
+        rt,
+        filter,
+        from,
+        initial_events || from.is_none(),
+        initial_events,
+        bookmarks,
+        bookmark_every,
+        timeout,
+        tx,
+    ));
     let body = Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
