@@ -6,7 +6,6 @@
 //! runner with the stdin its attach delivered, reports its exit, and
 //! stops it when the Pod is deleted (its grace counted by the fake).
 
-use k8s_openapi::api::core::v1::Pod;
 use mango_controller::kubernetes::crd::WorkerPool;
 use mango_testkit::apiserver::{ApiServer, Attached, Options};
 use mango_testkit::TestApp;
@@ -35,10 +34,12 @@ pub fn make_pool(fake: &ApiServer, api: &TestApp, name: &str, key: &str) -> Arc<
         "stringData": {"environment-key": key}}))
         .expect("the Secret is admitted");
     let stored = fake
-        .create(json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+        .create(
+            json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
             "metadata": {"name": name, "namespace": NS},
             "spec": {"environmentId": api.env_id, "environmentKeySecret": {"name": "pool-key"},
-                     "maxConcurrency": 2}}))
+                     "maxConcurrency": 2}}),
+        )
         .expect("the WorkerPool is admitted");
     Arc::new(serde_json::from_value(stored).expect("a WorkerPool"))
 }
@@ -50,8 +51,10 @@ fn running(pod: &Value) -> Value {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|c| json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": true,
-            "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}}))
+        .map(|c| {
+            json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}})
+        })
         .collect();
     json!({"phase": "Running", "containerStatuses": statuses})
 }
@@ -62,7 +65,11 @@ fn terminating(fake: &ApiServer, pod: &str) -> bool {
 }
 
 /// Plays the kubelet of every Pod until aborted.
-pub fn kubelet(fake: Arc<ApiServer>, volumes: PathBuf, attaches: Attaches) -> tokio::task::JoinHandle<()> {
+pub fn kubelet(
+    fake: Arc<ApiServer>,
+    volumes: PathBuf,
+    attaches: Attaches,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut started: HashSet<String> = HashSet::new();
         let running_now: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -120,7 +127,11 @@ async fn run_container(
         .env_clear()
         .stdin(std::process::Stdio::piped())
         .kill_on_drop(true);
-    for var in spec["containers"][0]["env"].as_array().into_iter().flatten() {
+    for var in spec["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         if let (Some(name), Some(value)) = (var["name"].as_str(), var["value"].as_str()) {
             command.env(name, value);
         }
@@ -147,17 +158,15 @@ async fn run_container(
     };
     if let Some(code) = code {
         let phase = if code == 0 { "Succeeded" } else { "Failed" };
-        fake.set_pod_status(&attached.pod, json!({"phase": phase, "containerStatuses": [{
+        fake.set_pod_status(
+            &attached.pod,
+            json!({"phase": phase, "containerStatuses": [{
             "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": false,
             "restartCount": 0, "state": {"terminated": {"exitCode": code,
-                "finishedAt": "2026-12-01T00:00:01Z"}}}]}));
+                "finishedAt": "2026-12-01T00:00:01Z"}}}]}),
+        );
     }
     running_now.lock().unwrap().remove(&attached.pod);
-}
-
-#[allow(dead_code)]
-pub fn pod_of(value: Value) -> Pod {
-    serde_json::from_value(value).expect("a Pod")
 }
 
 /// The Pod requests (no watches, no lists), in order, `{pod}` for its name.

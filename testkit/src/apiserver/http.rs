@@ -4,7 +4,7 @@
 //! store.go) take their steps: decode, admit, validate, precondition,
 //! record field managers, store.
 
-use super::errors::{qualified_resource, ApiError, FieldError};
+use super::errors::{ApiError, FieldError};
 use super::fields::{self, Scope, Writer};
 use super::patch::{self, PatchType};
 use super::resources::{self, ResourceType};
@@ -1126,10 +1126,4 @@ fn delete_collection(
         json!({"apiVersion": rt.api_version(), "kind": rt.list_kind(),
               "metadata": {"resourceVersion": state.store.revision().to_string()}, "items": doomed}),
     )
-}
-
-/// `pods "x"` as a message names it.
-#[allow(dead_code)]
-pub fn named(rt: &ResourceType, name: &str) -> String {
-    format!("{} \"{name}\"", qualified_resource(rt.group, rt.plural))
 }

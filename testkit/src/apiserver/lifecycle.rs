@@ -272,7 +272,7 @@ fn pass(state: &mut State) -> bool {
             if delete(state, &rt, &namespace, &name, None, None) {
                 return true;
             }
-        } else if present.iter().any(|p| *p == Some(false)) {
+        } else if present.contains(&Some(false)) {
             let mut kept = object.clone();
             let live: Vec<Value> = owners
                 .iter()

@@ -273,9 +273,11 @@ fn validate_key(key: &str) -> Result<(), String> {
 fn check_values(r: &Requirement) -> Result<(), String> {
     let path = "values";
     match r.op {
-        Op::In | Op::NotIn if r.values.is_empty() => return Err(format!(
+        Op::In | Op::NotIn if r.values.is_empty() => {
+            return Err(format!(
             "{path}: Invalid value: null: for 'in', 'notin' operators, values set can't be empty"
-        )),
+        ))
+        }
         Op::Equals | Op::NotEquals if r.values.len() != 1 => {
             return Err(format!(
                 "{path}: Invalid value: null: exact-match compatibility requires one single value"
