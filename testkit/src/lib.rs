@@ -20,10 +20,13 @@
 //! * [`model`]: a scripted Messages API endpoint for the agent loop;
 //! * [`turns`]: waiting on the agent loop's turns;
 //! * [`skills`]: Skill uploads and downloads, and hand-built (hostile) zips;
+//! * [`apiserver`]: a strict fake Kubernetes API server (the rules of a
+//!   real one, a test as its kubelet); `kube_api` is the older, lenient one;
 //! * [`runner`]: a Session's Work claimed as a supervisor would before
 //!   starting an item runner.
 
 pub mod api;
+pub mod apiserver;
 pub mod db;
 pub mod events;
 pub mod http;

@@ -1,0 +1,179 @@
+//! What the tests against the strict fake API server (testkit's
+//! `apiserver`) share: the fake with the pool's namespace, Secret and
+//! WorkerPool made through its admission (so owner references resolve
+//! and the garbage collector keeps the Pods), a kube client over HTTP,
+//! and this test as the kubelet: it runs each created Pod, runs the real
+//! runner with the stdin its attach delivered, reports its exit, and
+//! stops it when the Pod is deleted (its grace counted by the fake).
+
+use mango_controller::kubernetes::crd::WorkerPool;
+use mango_testkit::apiserver::{ApiServer, Attached, Options};
+use mango_testkit::TestApp;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const NS: &str = "sandboxes";
+
+pub async fn fake_with(options: Options) -> Arc<ApiServer> {
+    Arc::new(ApiServer::start_with(options).await)
+}
+
+pub async fn client(fake: &ApiServer) -> kube::Client {
+    let mut config = kube::Config::new(fake.url.parse().unwrap());
+    config.default_namespace = NS.into();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// The pool's Secret holding `key`, and the WorkerPool `name`, stored.
+pub fn make_pool(fake: &ApiServer, api: &TestApp, name: &str, key: &str) -> Arc<WorkerPool> {
+    fake.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "pool-key", "namespace": NS},
+        "stringData": {"environment-key": key}}))
+        .expect("the Secret is admitted");
+    let stored = fake
+        .create(
+            json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"environmentId": api.env_id, "environmentKeySecret": {"name": "pool-key"},
+                     "maxConcurrency": 2}}),
+        )
+        .expect("the WorkerPool is admitted");
+    Arc::new(serde_json::from_value(stored).expect("a WorkerPool"))
+}
+
+pub type Attaches = Arc<Mutex<Vec<Attached>>>;
+
+fn running(pod: &Value) -> Value {
+    let statuses: Vec<Value> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}}})
+        })
+        .collect();
+    json!({"phase": "Running", "containerStatuses": statuses})
+}
+
+fn terminating(fake: &ApiServer, pod: &str) -> bool {
+    fake.pod(pod)
+        .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+}
+
+/// Plays the kubelet of every Pod until aborted.
+pub fn kubelet(
+    fake: Arc<ApiServer>,
+    volumes: PathBuf,
+    attaches: Attaches,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut started: HashSet<String> = HashSet::new();
+        let running_now: Arc<Mutex<HashSet<String>>> = Arc::default();
+        loop {
+            for name in fake.pods() {
+                let Some(pod) = fake.pod(&name) else { continue };
+                let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
+                if deleting {
+                    // Nothing runs in it (or its runner was stopped): it goes.
+                    if !running_now.lock().unwrap().contains(&name) {
+                        fake.pod_terminated(&name);
+                    }
+                } else if started.insert(name.clone()) {
+                    fake.set_pod_status(&name, running(&pod));
+                }
+            }
+            if let Some(attached) = fake.attached(Duration::from_millis(20)).await {
+                attaches.lock().unwrap().push(attached.clone());
+                if !attached.stdin.is_empty() {
+                    running_now.lock().unwrap().insert(attached.pod.clone());
+                    tokio::spawn(run_container(
+                        fake.clone(),
+                        volumes.clone(),
+                        attached,
+                        running_now.clone(),
+                    ));
+                }
+            }
+        }
+    })
+}
+
+/// The container: the runner with the Pod's env and the attach's stdin,
+/// stopped when its Pod is deleted; then its terminated state.
+async fn run_container(
+    fake: Arc<ApiServer>,
+    volumes: PathBuf,
+    attached: Attached,
+    running_now: Arc<Mutex<HashSet<String>>>,
+) {
+    let spec = &attached.manifest["spec"];
+    let workspace = match spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+    {
+        Some(claim) => volumes.join(claim),
+        None => volumes.join(format!("empty-{}", attached.pod)),
+    };
+    std::fs::create_dir_all(&workspace).unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mango-worker"));
+    command
+        .arg("item")
+        .env_clear()
+        .stdin(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for var in spec["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let (Some(name), Some(value)) = (var["name"].as_str(), var["value"].as_str()) {
+            command.env(name, value);
+        }
+    }
+    command.env("MANGO_WORKSPACE", &workspace);
+    command.env("PATH", std::env::var("PATH").unwrap_or_default());
+    let mut child = command.spawn().expect("the runner starts");
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&attached.stdin).await.unwrap();
+    }
+    let deleted = async {
+        while !terminating(&fake, &attached.pod) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let code = tokio::select! {
+        status = child.wait() => Some(status.unwrap().code().unwrap_or(137)),
+        _ = deleted => {
+            let _ = child.kill().await;
+            None
+        }
+    };
+    if let Some(code) = code {
+        let phase = if code == 0 { "Succeeded" } else { "Failed" };
+        fake.set_pod_status(
+            &attached.pod,
+            json!({"phase": phase, "containerStatuses": [{
+            "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": code,
+                "finishedAt": "2026-12-01T00:00:01Z"}}}]}),
+        );
+    }
+    running_now.lock().unwrap().remove(&attached.pod);
+}
+
+/// The Pod requests (no watches, no lists), in order, `{pod}` for its name.
+pub fn pod_calls(fake: &ApiServer, pod: &str) -> Vec<String> {
+    fake.requests()
+        .into_iter()
+        .map(|(method, uri)| format!("{method} {}", uri.replace(pod, "{pod}")))
+        .filter(|line| line.contains("{pod}"))
+        .collect()
+}
