@@ -19,6 +19,8 @@ fn limits(change: impl FnOnce(&mut MemoryLimits)) -> Settings {
     change(&mut memory_limits);
     Settings {
         memory_limits,
+        // The test plays the model's part: input starts Work for the runner's token.
+        caller_plays_model: true,
         ..Settings::default()
     }
 }
