@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Ensure a private PostgreSQL cluster under .mango/pg is running and print its URL.
 # Installs PostgreSQL from the OS packages when no server binaries exist.
-# Used by `make run`, `make test` and .ci/run; honours MANGO_PG_PORT (default 54329).
+# Used by `make run`, `make test` and .ci/run.
+#   MANGO_PG_PORT  the port, exactly (failing if something else holds it).
+# Without it the cluster keeps the port it last ran on, 54329 at first; when
+# something other than this checkout's cluster holds that port (another
+# checkout's cluster, say), a free port is picked, said on stderr, and kept
+# for this checkout, so every later call prints the same URL.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 STATE="$ROOT/.mango"
 DATA="$STATE/pg/data"
 SOCK="$STATE/pg/run"
-PORT="${MANGO_PG_PORT:-54329}"
+DEFAULT_PORT=54329
 log() { echo "pg.sh: $*" >&2; }
+if [ -n "${MANGO_PG_PORT:-}" ] && ! [[ "$MANGO_PG_PORT" =~ ^[0-9]+$ && "$MANGO_PG_PORT" -ge 1 && "$MANGO_PG_PORT" -le 65535 ]]; then
+  log "MANGO_PG_PORT=$MANGO_PG_PORT is not a port (1-65535)"
+  exit 2
+fi
 
 find_bindir() {
   local d
@@ -48,6 +57,40 @@ if [ "$(id -u)" = 0 ]; then
   fi
 fi
 chmod 700 "$DATA"
+PORT_FILE="$(dirname "$DATA")/port"
+
+# Whether something listens on 127.0.0.1:$1.
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# The port this checkout's cluster runs on; fails when it does not run.
+running_port() {
+  "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1 || return 1
+  sed -n 4p "$DATA/postmaster.pid"
+}
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+RUNNING="$(running_port || true)"
+if [ -n "${MANGO_PG_PORT:-}" ]; then
+  PORT="$MANGO_PG_PORT"
+  if [ -n "$RUNNING" ] && [ "$RUNNING" != "$PORT" ]; then
+    log "this checkout's cluster runs on port $RUNNING, not MANGO_PG_PORT=$PORT: stop it first ($BINDIR/pg_ctl -D $DATA stop) or leave MANGO_PG_PORT unset"
+    exit 1
+  fi
+  if [ -z "$RUNNING" ] && listening "$PORT"; then
+    log "port $PORT (MANGO_PG_PORT) is taken by another process; choose another, or leave MANGO_PG_PORT unset to have one picked"
+    exit 1
+  fi
+elif [ -n "$RUNNING" ]; then
+  PORT="$RUNNING"
+else
+  PORT="$(cat "$PORT_FILE" 2>/dev/null || echo "$DEFAULT_PORT")"
+  if listening "$PORT"; then
+    TAKEN="$PORT"
+    PORT="$(free_port)"
+    log "port $TAKEN is taken by something other than this checkout's cluster; this checkout's cluster uses port $PORT from now on (kept in $PORT_FILE; MANGO_PG_PORT chooses one)"
+  fi
+fi
 
 if [ ! -f "$DATA/PG_VERSION" ]; then
   log "initialising a private cluster in $DATA"
@@ -66,10 +109,12 @@ fsync = on
 CONF
 fi
 
-if ! "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
+if [ -z "$RUNNING" ]; then
   log "starting PostgreSQL on 127.0.0.1:$PORT"
-  "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" -l "${LOGFILE:-$STATE/pg/server.log}" -w -t 60 start >/dev/null
+  # The port on the command line wins over the one postgresql.conf was made with.
+  "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" -o "-p $PORT" -l "${LOGFILE:-$STATE/pg/server.log}" -w -t 60 start >/dev/null
 fi
+echo "$PORT" >"$PORT_FILE"
 "$BINDIR/psql" -h 127.0.0.1 -p "$PORT" -U mango -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname='mango'" | grep -q 1 \
   || "$BINDIR/createdb" -h 127.0.0.1 -p "$PORT" -U mango mango
 echo "postgres://mango@127.0.0.1:$PORT/mango"

@@ -61,10 +61,15 @@ export MANGO_OBJECT_STORE="${MANGO_OBJECT_STORE:-$ROOT/.mango/objects}"
 "$MANGO" serve --no-migrate 2>>"$ROOT/.mango/api.log" &
 SERVER=$!
 WORKER_PID=
+# The supervisor runs with --drain: a plain SIGTERM would leave its running
+# sandboxes for a next supervisor to adopt, and `make run` may not be run
+# again. Drained, running items get its shutdown grace
+# (MANGO_SHUTDOWN_GRACE_SECONDS, 30 s), then their sandboxes are removed, so
+# Ctrl-C leaves nothing behind.
 stop_all() {
   trap - EXIT INT TERM
   if [ -n "$WORKER_PID" ]; then
-    say "==> stopping the supervisor (running items get its shutdown grace)"
+    say "==> stopping the supervisor (running items get its shutdown grace, then their sandboxes are removed)"
     kill -TERM "$WORKER_PID" 2>/dev/null || true
     wait "$WORKER_PID" 2>/dev/null || true
   fi
@@ -116,13 +121,13 @@ say "==> starting the supervisor"
   export MANGO_ENVIRONMENT_KEY MANGO_ENVIRONMENT_ID MANGO_BASE_URL="$BASE"
   if [ "$MANGO_LAUNCHER" = docker ]; then
     export MANGO_DOCKER_BASE_URL="http://host.docker.internal:$PORT"
-    exec "$WORKER" docker
+    exec "$WORKER" docker --drain
   else
-    exec "$WORKER" local --root "$ROOT/.mango/local"
+    exec "$WORKER" local --drain --root "$ROOT/.mango/local"
   fi
 ) 2>>"$ROOT/.mango/worker.log" &
 WORKER_PID=$!
-say "    mango-worker $MANGO_LAUNCHER (log: .mango/worker.log; metrics: http://127.0.0.1:9464/metrics)"
+say "    mango-worker $MANGO_LAUNCHER (log: .mango/worker.log)"
 
 say "==> creating a healthcheck"
 CHECK_ID="$(curl -fsS -X POST "$BASE/v1/environments/$MANGO_ENVIRONMENT_ID/work" -H "Authorization: Bearer $MANGO_API_KEY" \
@@ -145,6 +150,9 @@ if [ "$STATUS" != succeeded ]; then
   tail -10 "$ROOT/.mango/worker.log" >&2
   exit 1
 fi
+# Where this run's supervisor serves its metrics (127.0.0.1:9464 unless
+# another process holds that port): its latest such log line.
+METRICS="$(grep -F '"serving /metrics and /healthz"' "$ROOT/.mango/worker.log" | tail -1 | json '["fields"]["addr"]' 2>/dev/null || true)"
 cat >&2 <<EOF_HELP
 
 healthcheck $CHECK_ID: succeeded
@@ -154,6 +162,7 @@ Mango is serving on $BASE  (Environment $MANGO_ENVIRONMENT_ID), with mango-worke
   curl -s -X POST \$MANGO_BASE_URL/v1/environments/\$MANGO_ENVIRONMENT_ID/work -H "Authorization: Bearer \$MANGO_API_KEY" \\
        -H 'Content-Type: application/json' -d '{"data":{"type":"healthcheck"}}'
   docker ps --filter label=app.kubernetes.io/managed-by=mango-worker     # the live sandboxes (Docker)
+  curl -s http://${METRICS:-127.0.0.1:9464}/metrics | grep mango_supervisor_             # the supervisor's metrics
 Logs: .mango/api.log, .mango/worker.log.  Press Ctrl-C to stop.
 EOF_HELP
 wait "$SERVER"

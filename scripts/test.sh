@@ -11,6 +11,8 @@ step() { printf '\n==> %s\n' "$*"; }
 step "PostgreSQL"
 DATABASE_URL="$(scripts/pg.sh)"
 export DATABASE_URL
+step "scripts/pg.sh's port when another cluster holds the default (scripts/pg-check.sh)"
+scripts/pg-check.sh
 step "Python venv with anthropic==2.14.0"
 scripts/venv.sh
 

@@ -105,7 +105,8 @@ enum Command {
         #[arg(long, env = "MANGO_MAX_RECLAIMS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=1000))]
         max_reclaims: u32,
         /// Where Skill archives are stored: a local folder (a path or
-        /// file:// URL, created if missing) or s3://bucket/prefix, with
+        /// file:// URL, created if missing; a relative one is taken from
+        /// where `mango serve` starts) or s3://bucket/prefix, with
         /// credentials, region and an S3-compatible endpoint from the usual
         /// AWS_* variables (AWS_ENDPOINT, AWS_ALLOW_HTTP, …).
         #[arg(long, env = "MANGO_OBJECT_STORE", default_value = ".mango/objects")]
@@ -245,6 +246,23 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: finishing in-flight requests");
 }
 
+/// `MANGO_OBJECT_STORE` with a local folder made absolute, once, from the
+/// starting directory (so the log names the folder in use); a URL of
+/// another scheme as it is.
+fn absolute_store(spec: &str) -> anyhow::Result<String> {
+    let spec = spec.trim();
+    if spec.contains("://") && !spec.starts_with("file://") {
+        return Ok(spec.to_string());
+    }
+    let folder = spec.strip_prefix("file://").unwrap_or(spec);
+    let absolute = std::path::absolute(folder)
+        .with_context(|| format!("MANGO_OBJECT_STORE {folder:?}: not a usable path"))?;
+    absolute
+        .to_str()
+        .map(str::to_string)
+        .with_context(|| format!("MANGO_OBJECT_STORE {}: not UTF-8", absolute.display()))
+}
+
 /// `MANGO_MEMORY_MOUNT_ROOT`: an absolute path without `.`, `..` or empty segments.
 fn mount_root(raw: &str) -> Result<String, String> {
     let trimmed = raw.trim_end_matches('/');
@@ -294,7 +312,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(model) = &model {
                 tracing::info!(model = %model.describe(), "model endpoint");
             }
-            let skill_archives = mango_api::skills::objects::Archives::open(&object_store)?;
+            let skill_archives =
+                mango_api::skills::objects::Archives::open(&absolute_store(&object_store)?)?;
             tracing::info!(store = %skill_archives.location(), "Skill archives");
             let pool = connect_as_api(&db).await?;
             if !no_migrate {
@@ -496,6 +515,28 @@ fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_object_store_folder_is_made_absolute_and_urls_are_kept() {
+        let here = std::env::current_dir().unwrap();
+        let at = |p: &str| here.join(p).to_str().unwrap().to_string();
+        assert_eq!(
+            absolute_store(".mango/objects").unwrap(),
+            at(".mango/objects")
+        );
+        assert_eq!(absolute_store(" file://objects ").unwrap(), at("objects"));
+        assert_eq!(absolute_store("/srv/objects").unwrap(), "/srv/objects");
+        assert_eq!(
+            absolute_store("file:///srv/objects").unwrap(),
+            "/srv/objects"
+        );
+        assert_eq!(
+            absolute_store("s3://bucket/prefix").unwrap(),
+            "s3://bucket/prefix"
+        );
+        let empty = absolute_store("").unwrap_err().to_string();
+        assert!(empty.contains("MANGO_OBJECT_STORE"), "{empty}");
+    }
 
     #[test]
     fn one_dash_flags_become_two_and_values_are_untouched() {

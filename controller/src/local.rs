@@ -7,7 +7,11 @@
 //! Each sandbox is a record file `<root>/sandboxes/<name>.json`, created
 //! exclusively (so one claim makes one), holding the item, the workspace and,
 //! once started, the runner's pid: a restarted supervisor finds and adopts
-//! what an earlier run left.
+//! what an earlier run left. A runner depends on its supervisor for nothing
+//! once its secret is delivered: it leads a session of its own (no signal
+//! for the supervisor's terminal or process group reaches it), writes to a
+//! log file, and its stdin is closed, so it outlives a supervisor that
+//! exits or is killed.
 
 use crate::core::launcher::{
     Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
@@ -47,6 +51,8 @@ impl RunnerCommand {
 
 pub struct LocalLauncher {
     runner: RunnerCommand,
+    /// What `/proc/<pid>/cmdline` of a runner it started begins with.
+    runner_cmdline: Vec<u8>,
     root: PathBuf,
     pool: String,
     /// Exit statuses of the runners this process started, by sandbox name.
@@ -67,12 +73,15 @@ struct Record {
 
 impl LocalLauncher {
     /// `runner`: how to start a runner; `root`: where workspaces and
-    /// records live.
+    /// records live. Relative paths are taken from the current directory
+    /// now, once: a runner starts in its workspace, where they would mean
+    /// something else.
     pub fn new(
-        runner: RunnerCommand,
+        mut runner: RunnerCommand,
         root: PathBuf,
         pool: &str,
     ) -> Result<LocalLauncher, LaunchError> {
+        runner.program = absolute_program(&runner.program);
         if !runner.program.is_file() {
             return Err(LaunchError::Missing(format!(
                 "the runner binary {} does not exist (build it with `cargo build -p mango-runner`, or set MANGO_RUNNER_BIN)",
@@ -84,12 +93,27 @@ impl LocalLauncher {
                 LaunchError::Workspace(format!("{}: {e}", root.join(dir).display()))
             })?;
         }
+        let root = std::fs::canonicalize(&root)
+            .map_err(|e| LaunchError::Workspace(format!("{}: {e}", root.display())))?;
+        let mut runner_cmdline = Vec::new();
+        for part in std::iter::once(runner.program.as_os_str())
+            .chain(runner.args.iter().map(|a| std::ffi::OsStr::new(a.as_str())))
+        {
+            runner_cmdline.extend_from_slice(part.as_encoded_bytes());
+            runner_cmdline.push(0);
+        }
         Ok(LocalLauncher {
             runner,
+            runner_cmdline,
             root,
             pool: pool.to_string(),
             exits: Mutex::default(),
         })
+    }
+
+    /// Where workspaces and records live (absolute).
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     fn record_path(&self, name: &str) -> PathBuf {
@@ -129,7 +153,9 @@ impl LocalLauncher {
             .map_err(|e| LaunchError::Failed(format!("{}: {e}", path.display())))
     }
 
-    /// Whether `pid` is a runner this launcher started (a pid can be reused).
+    /// Whether `pid` is a live runner started as this launcher starts them
+    /// (a pid can be reused; a runner that exited unreaped, its supervisor
+    /// gone, has an empty command line).
     fn is_runner(&self, pid: i32) -> bool {
         let Some(pid_t) = Pid::from_raw(pid) else {
             return false;
@@ -138,7 +164,7 @@ impl LocalLauncher {
             return false;
         }
         std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|cmd| cmd.starts_with(self.runner.program.as_os_str().as_encoded_bytes()))
+            .map(|cmd| cmd.starts_with(&self.runner_cmdline))
             .unwrap_or(false)
     }
 }
@@ -228,9 +254,20 @@ impl Launcher for LocalLauncher {
                     .map_err(|e| LaunchError::Failed(e.to_string()))?,
             ))
             .stderr(Stdio::from(log))
-            // Its own process group, so removal reaches everything it started there.
-            .process_group(0)
             .kill_on_drop(false);
+        // SAFETY: the closure runs in the forked child before exec, where
+        // only async-signal-safe work is sound: one system call through
+        // rustix (no allocation, no lock, no libc state).
+        unsafe {
+            // A session of its own, hence its own process group: removal
+            // reaches everything it started there, and nothing meant for the
+            // supervisor (Ctrl-C in its terminal, a hang-up, a signal to its
+            // group) reaches the runner.
+            command.pre_exec(|| {
+                rustix::process::setsid()?;
+                Ok(())
+            });
+        }
         let mut child = command.spawn().map_err(|e| {
             LaunchError::Failed(format!("starting {}: {e}", self.runner.program.display()))
         })?;
@@ -377,6 +414,25 @@ impl Launcher for LocalLauncher {
     }
 }
 
+/// `program` with its folder made absolute and resolved (`..`, symlinks),
+/// its own name kept: a symlink to the binary stays the name runners are
+/// started and recognised by, across an upgrade that moves the link.
+fn absolute_program(program: &Path) -> PathBuf {
+    let (Some(folder), Some(name)) = (program.parent(), program.file_name()) else {
+        return program.to_path_buf();
+    };
+    let folder = if folder.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        folder
+    };
+    match std::fs::canonicalize(folder) {
+        Ok(folder) => folder.join(name),
+        // Missing: `new` says so, by the name it was given.
+        Err(_) => program.to_path_buf(),
+    }
+}
+
 fn remove_dir(dir: &Path) -> Result<(), LaunchError> {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
@@ -395,4 +451,61 @@ fn allowed_env() -> Vec<(String, String)> {
         .into_iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `path` (absolute) as a path relative to the current directory.
+    fn relative(path: &Path) -> PathBuf {
+        let cwd = std::env::current_dir().unwrap();
+        let mut rel = PathBuf::new();
+        for _ in 1..cwd.components().count() {
+            rel.push("..");
+        }
+        rel.join(path.strip_prefix("/").unwrap())
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_starting_directory_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir_path = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(dir_path.join("bin")).unwrap();
+        std::fs::write(dir_path.join("bin/runner"), "").unwrap();
+        std::os::unix::fs::symlink("runner", dir_path.join("bin/link")).unwrap();
+        let launcher = LocalLauncher::new(
+            RunnerCommand::new(relative(&dir_path.join("bin/link"))),
+            relative(&dir_path.join("root")),
+            "default",
+        )
+        .unwrap();
+        assert_eq!(launcher.root(), dir_path.join("root"));
+        assert!(launcher.root().join("sandboxes").is_dir());
+        // The link's own name, in an absolute folder with no `..`.
+        assert_eq!(launcher.runner.program, dir_path.join("bin/link"));
+        let mut cmdline = dir_path
+            .join("bin/link")
+            .into_os_string()
+            .into_encoded_bytes();
+        cmdline.push(0);
+        assert_eq!(launcher.runner_cmdline, cmdline);
+    }
+
+    #[test]
+    fn a_missing_runner_is_named_as_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = LocalLauncher::new(
+            RunnerCommand::new("no/such/mango-runner".into()),
+            dir.path().join("root"),
+            "default",
+        )
+        .err()
+        .expect("refused");
+        assert!(
+            err.to_string()
+                .contains("no/such/mango-runner does not exist"),
+            "{err}"
+        );
+    }
 }

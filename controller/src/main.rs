@@ -9,10 +9,10 @@ use mango_controller::core::config::Config;
 use mango_controller::core::launcher::Launcher;
 use mango_controller::core::metrics::Metrics;
 use mango_controller::core::secret::Secret;
-use mango_controller::core::supervisor::{RunEnd, Supervisor};
+use mango_controller::core::supervisor::{RunEnd, Stop, Supervisor};
 use mango_controller::local::{LocalLauncher, RunnerCommand};
 use mango_runner::item::{self, Identity};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -43,7 +43,7 @@ enum Command {
         #[arg(long, env = "MANGO_RUNNER_BIN")]
         runner_bin: Option<PathBuf>,
         /// Where Session workspaces, healthcheck workspaces and sandbox
-        /// records live.
+        /// records live (a relative path is taken from where it starts).
         #[arg(long, env = "MANGO_LOCAL_ROOT", default_value = ".mango/local")]
         root: PathBuf,
         /// The API URL the runners use (default: MANGO_BASE_URL).
@@ -75,13 +75,23 @@ struct Common {
     /// The `mango.dev/pool` label of this supervisor's sandboxes.
     #[arg(long, env = "MANGO_POOL", default_value = "default")]
     pool: String,
-    /// Where `/metrics` and `/healthz` are served.
-    #[arg(long, env = "MANGO_METRICS_ADDR", default_value = "127.0.0.1:9464")]
-    metrics_addr: SocketAddr,
-    /// After SIGTERM, running items get this long before their sandboxes are removed.
+    /// Where `/metrics` and `/healthz` are served [default: 127.0.0.1:9464,
+    /// or a free port when another process holds it].
+    #[arg(long, env = "MANGO_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// On SIGTERM or SIGINT, let running items finish within the shutdown
+    /// grace and then remove their sandboxes, instead of leaving them
+    /// running for the next supervisor to adopt.
+    #[arg(long, env = "MANGO_DRAIN")]
+    drain: bool,
+    /// With --drain: how long running items get before their sandboxes are removed.
     #[arg(long, env = "MANGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     shutdown_grace_seconds: u64,
 }
+
+/// Where `/metrics` is served unless told otherwise.
+const DEFAULT_METRICS_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9464);
 
 impl Common {
     fn config(&self, sandbox_base_url: &str) -> Config {
@@ -116,6 +126,7 @@ fn main() -> ExitCode {
             let config = common.config(&base);
             block_on(async move {
                 let launcher = LocalLauncher::new(runner, root, &config.pool)?;
+                tracing::info!(root = %launcher.root().display(), "sandbox records, Session workspaces and runner logs");
                 Ok(supervise(common, config, launcher).await)
             })
         }
@@ -185,7 +196,7 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
     }
     drop(key);
     let metrics = supervisor.metrics();
-    match tokio::net::TcpListener::bind(common.metrics_addr).await {
+    match metrics_listener(common.metrics_addr).await {
         Ok(listener) => {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving /metrics and /healthz");
@@ -193,20 +204,62 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
             tokio::spawn(serve_metrics(listener, metrics));
         }
         Err(err) => {
-            eprintln!(
-                "mango-worker: cannot serve metrics on {}: {err}",
-                common.metrics_addr
-            );
+            eprintln!("mango-worker: {err}");
             return ExitCode::from(2);
         }
     }
-    tracing::info!(launcher = kind, environment_id = %common.environment_id, "supervisor polling");
-    match supervisor.run(shutdown_signal()).await {
+    let how = if common.drain {
+        Stop::Drain
+    } else {
+        Stop::Detach
+    };
+    tracing::info!(launcher = kind, environment_id = %common.environment_id, on_sigterm = ?how, "supervisor polling");
+    let grace = Duration::from_secs(common.shutdown_grace_seconds);
+    let stop = async move {
+        shutdown_signal().await;
+        match how {
+            Stop::Drain => tracing::info!(?grace, "shutting down: no more polling; running items get the shutdown grace, then their sandboxes are removed"),
+            Stop::Detach => tracing::info!("shutting down: no more polling; running sandboxes are left for the next supervisor to adopt"),
+        }
+        how
+    };
+    match supervisor.run_until(stop).await {
         RunEnd::Shutdown | RunEnd::Detached => ExitCode::SUCCESS,
         RunEnd::KeyRefused(why) => {
             eprintln!("mango-worker: the api no longer accepts MANGO_ENVIRONMENT_KEY ({why}); stopped polling");
             ExitCode::from(3)
         }
+    }
+}
+
+/// The metrics listener: at `given`, or else at [`DEFAULT_METRICS_ADDR`],
+/// or, when another process holds that (a second supervisor on the host),
+/// at a free port, logged. An address that was asked for is never swapped.
+async fn metrics_listener(given: Option<SocketAddr>) -> Result<tokio::net::TcpListener, String> {
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|err| (addr, err))
+    };
+    let failed = |(addr, err): (SocketAddr, std::io::Error)| {
+        format!("cannot serve metrics on {addr} (MANGO_METRICS_ADDR, --metrics-addr): {err}")
+    };
+    if let Some(addr) = given {
+        return bind(addr).await.map_err(failed);
+    }
+    match bind(DEFAULT_METRICS_ADDR).await {
+        Ok(listener) => Ok(listener),
+        Err((_, err)) if err.kind() == std::io::ErrorKind::AddrInUse => {
+            let listener = bind(SocketAddr::new(DEFAULT_METRICS_ADDR.ip(), 0))
+                .await
+                .map_err(failed)?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| failed((DEFAULT_METRICS_ADDR, e)))?;
+            tracing::warn!(default = %DEFAULT_METRICS_ADDR, %addr, "the default metrics address is taken (another supervisor on this host?); serving /metrics and /healthz on a free port instead (MANGO_METRICS_ADDR chooses one)");
+            Ok(listener)
+        }
+        Err(failure) => Err(failed(failure)),
     }
 }
 
@@ -229,5 +282,4 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down: no more polling; running items get the shutdown grace");
 }

@@ -44,22 +44,26 @@ pub enum StartError {
     },
 }
 
-/// How to stop a run.
+/// How to stop a run. Either way polling stops first: a Poll in flight
+/// is answered (an item it claims is launched, not left to its lease), and
+/// no other is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
-    /// Stop polling, let running items finish within the shutdown grace,
-    /// then remove what is left (SIGTERM of `mango-worker docker|local`).
+    /// Let running items finish within the shutdown grace, then remove
+    /// what is left (`mango-worker docker|local --drain`).
     Drain,
-    /// Stop polling and leave every sandbox as it is, for the next
-    /// supervisor of the pool to adopt (a Kubernetes controller that is
-    /// replaced, loses its leadership, or sees its pool change).
+    /// Leave every running sandbox as it is, holding its lease, for the
+    /// next supervisor of the pool to adopt: launches in progress finish
+    /// their hand-off (within the request bound), nothing is removed. What
+    /// SIGTERM does by default, and a Kubernetes controller that is
+    /// replaced, loses its leadership, or sees its pool change.
     Detach,
 }
 
 /// How a run ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RunEnd {
-    /// Asked to stop (SIGTERM); every sandbox was finished or removed.
+    /// Asked to drain; every sandbox was finished or removed.
     Shutdown,
     /// Asked to detach: sandboxes were left running for a successor.
     Detached,
@@ -104,6 +108,8 @@ struct Shared<L> {
     force: CancellationToken,
     /// Set when the shutdown's bound is over too: removals stop retrying.
     abandon: CancellationToken,
+    /// Set on detach: watching stops, and sandboxes are left as they are.
+    detach: CancellationToken,
 }
 
 pub struct Supervisor<L: Launcher> {
@@ -127,6 +133,7 @@ impl<L: Launcher> Supervisor<L> {
                 slots,
                 force: CancellationToken::new(),
                 abandon: CancellationToken::new(),
+                detach: CancellationToken::new(),
             }),
         }
     }
@@ -179,15 +186,6 @@ impl<L: Launcher> Supervisor<L> {
         }
     }
 
-    /// Runs until `shutdown` resolves (then drains) or the api refuses the key.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> RunEnd {
-        self.run_until(async {
-            shutdown.await;
-            Stop::Drain
-        })
-        .await
-    }
-
     /// Runs until `stop` resolves, then drains or detaches as it says, or
     /// until the api refuses the key (then drains).
     pub async fn run_until(self, stop: impl Future<Output = Stop> + Send) -> RunEnd {
@@ -196,21 +194,26 @@ impl<L: Launcher> Supervisor<L> {
         shared.reconcile(&mut items).await;
         let watcher = tokio::spawn(shared.clone().watch_claims());
         let sweeper = tokio::spawn(shared.clone().sweep_workspaces());
-        tokio::pin!(stop);
-        let (end, how) = tokio::select! {
-            end = shared.clone().poll_loop(&mut items) => (end, Stop::Drain),
-            how = &mut stop => (RunEnd::Shutdown, how),
+        let stopping = CancellationToken::new();
+        let (end, how) = {
+            let polling = shared.clone().poll_loop(&mut items, stopping.clone());
+            tokio::pin!(polling, stop);
+            tokio::select! {
+                end = &mut polling => (end, Stop::Drain),
+                how = &mut stop => {
+                    stopping.cancel();
+                    (polling.await, how)
+                }
+            }
         };
         watcher.abort();
         sweeper.abort();
         if how == Stop::Detach {
-            tracing::info!(
-                live = shared.live_count(),
-                "no longer polling; leaving running sandboxes to the next supervisor"
-            );
-            items.abort_all();
-            while items.join_next().await.is_some() {}
-            return RunEnd::Detached;
+            shared.detach(&mut items).await;
+            return match end {
+                RunEnd::KeyRefused(why) => RunEnd::KeyRefused(why),
+                _ => RunEnd::Detached,
+            };
         }
         tracing::info!(
             live = shared.live_count(),
@@ -228,24 +231,44 @@ impl<L: Launcher> Shared<L> {
         self.live.lock().expect("live lock").len()
     }
 
-    /// Polls while slots are free; each item runs in `items`.
-    async fn poll_loop(self: Arc<Self>, items: &mut JoinSet<()>) -> RunEnd {
+    /// Polls while slots are free, until `stopping`; each item runs in
+    /// `items`. A Poll in flight when `stopping` is set gets its answer
+    /// (within the request bound): cutting it off could lose an item the
+    /// api has just claimed for this key until its lease ran out.
+    async fn poll_loop(
+        self: Arc<Self>,
+        items: &mut JoinSet<()>,
+        stopping: CancellationToken,
+    ) -> RunEnd {
         let env = self.config.environment_id.clone();
         let mut backoff = Backoff::new(&self.config);
+        let answer_bound = async {
+            stopping.cancelled().await;
+            tokio::time::sleep(self.config.request_bound).await;
+        };
+        tokio::pin!(answer_bound);
         loop {
             // Reap finished items so the set does not grow.
             while items.try_join_next().is_some() {}
-            let Ok(permit) = self.slots.clone().acquire_owned().await else {
-                return RunEnd::Shutdown;
+            let permit = tokio::select! {
+                biased;
+                _ = stopping.cancelled() => return RunEnd::Shutdown,
+                permit = self.slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return RunEnd::Shutdown,
+                },
             };
-            let polled = self
-                .poller
-                .poll(
+            let polled = tokio::select! {
+                polled = self.poller.poll(
                     &env,
                     Some(self.config.block_ms),
                     Some(&self.config.worker_id),
-                )
-                .await;
+                ) => polled,
+                _ = &mut answer_bound => {
+                    tracing::warn!("stopping with a Poll unanswered after the request bound");
+                    return RunEnd::Shutdown;
+                }
+            };
             let at = Instant::now();
             match polled {
                 Ok(Some(work)) => {
@@ -272,7 +295,10 @@ impl<L: Launcher> Shared<L> {
                     drop(permit);
                     let pause = backoff.next();
                     tracing::warn!(error = %err, ?pause, "poll failed; backing off");
-                    tokio::time::sleep(pause).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = stopping.cancelled() => return RunEnd::Shutdown,
+                    }
                 }
             }
         }
@@ -381,23 +407,26 @@ impl<L: Launcher> Shared<L> {
                     item: &item,
                     error: &failure,
                 });
-                Outcome::LaunchFailed
+                Some(Outcome::LaunchFailed)
             }
         };
-        self.metrics.outcome(outcome);
+        if let Some(outcome) = outcome {
+            self.metrics.outcome(outcome);
+        }
         self.finish(&item, &stamps);
         drop(permit);
     }
 
     /// Ack, create, hand-off, then watch; `Err` says why the launch failed
-    /// (the item is then left to its lease).
+    /// (the item is then left to its lease), `None` that the sandbox was
+    /// left running on detach.
     async fn launch(
         self: &Arc<Self>,
         item: &ItemIdentity,
         secret: Option<Secret>,
         mut verdict: watch::Receiver<Verdict>,
         stamps: &mut Stamps,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Option<Outcome>, String> {
         let work_id = &item.work_id;
         let Some(secret) = secret else {
             tracing::error!(%work_id, "Poll answered an item without a secret");
@@ -450,7 +479,7 @@ impl<L: Launcher> Shared<L> {
                 sandbox: &sandbox,
                 outcome: Outcome::Cancelled,
             });
-            return Ok(Outcome::Cancelled);
+            return Ok(Some(Outcome::Cancelled));
         }
         let handed = tokio::time::timeout(
             self.hand_off_bound(item, stamps),
@@ -492,13 +521,13 @@ impl<L: Launcher> Shared<L> {
 
     /// Until the runner exits, its Work is stopped or reclaimed, a
     /// healthcheck's attempt runs out, or shutdown forces it; then the
-    /// sandbox goes.
+    /// sandbox goes. On detach it is left as it is (`None`).
     async fn watch(
         &self,
         sandbox: &Sandbox,
         mut verdict: watch::Receiver<Verdict>,
         stamps: &mut Stamps,
-    ) -> Outcome {
+    ) -> Option<Outcome> {
         let work_id = &sandbox.item.work_id;
         let attempt_ends = match sandbox.item.work_type {
             WorkType::Healthcheck => {
@@ -579,13 +608,17 @@ impl<L: Launcher> Shared<L> {
                     tracing::warn!(%work_id, sandbox = %sandbox.name, "shutting down: removing the sandbox of a running item");
                     break Outcome::Cancelled;
                 }
+                _ = self.detach.cancelled() => {
+                    tracing::info!(%work_id, sandbox = %sandbox.name, "detaching: the sandbox keeps running for the next supervisor");
+                    return None;
+                }
             }
         };
         self.remove(sandbox).await;
         stamps.mark(Stage::Gone);
         self.observer
             .observe(Happening::Removed { sandbox, outcome });
-        outcome
+        Some(outcome)
     }
 
     /// Asks the runner of a `stopping` item to stop, within the request
@@ -771,6 +804,35 @@ impl<L: Launcher> Shared<L> {
             .expect("live lock")
             .values()
             .any(|l| l.session_id.as_deref() == Some(session_id))
+    }
+
+    /// Leaves every running sandbox to the next supervisor: watching
+    /// stops, launches in progress finish their hand-off, and removals
+    /// already decided (a stopped Work's) finish, all within the request
+    /// bound; whatever is still going then is abandoned (a sandbox left
+    /// unstarted is removed by the next supervisor, its item reclaimed once
+    /// its lease runs out).
+    async fn detach(&self, items: &mut JoinSet<()>) {
+        tracing::info!(
+            live = self.live_count(),
+            "no longer polling; leaving running sandboxes to the next supervisor"
+        );
+        self.detach.cancel();
+        let bound = tokio::time::sleep(self.config.request_bound);
+        tokio::pin!(bound);
+        loop {
+            tokio::select! {
+                next = items.join_next() => if next.is_none() { return },
+                _ = &mut bound => break,
+            }
+        }
+        tracing::warn!(
+            unfinished = items.len(),
+            bound = ?self.config.request_bound,
+            "launches or removals still in progress after the bound are abandoned"
+        );
+        items.abort_all();
+        while items.join_next().await.is_some() {}
     }
 
     /// Lets running items finish for the shutdown grace, then removes what

@@ -427,6 +427,12 @@ async fn misbehaving_runners_are_removed(db: sqlx::PgPool) {
             stored["state"], "active",
             "{tag}: never heartbeated: {stored}"
         );
+        // Otherwise the next case's supervisor, in the same Environment,
+        // reclaims this older Work whenever its short lease has run out,
+        // before its own.
+        if stored["state"] != "stopped" {
+            api.stop_work(&work_id, true).await;
+        }
         let _ = engine
             .docker
             .remove_image(
