@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The end-to-end test on a real cluster (issue 17, docs/kubernetes.md):
 #
-#   1. a kind cluster (made, or reused), or the current kubectl context;
+#   1. a kind cluster of two nodes (kind-config.yaml: sandboxes on the
+#      worker, so the API server is another node), made or reused, or the
+#      current kubectl context;
 #   2. the three images built from this checkout (deployments/docker/) and
-#      loaded into it (kind load, or pushed to MANGO_E2E_REGISTRY);
+#      loaded into it (`docker save` and `kind load image-archive`, which
+#      works with the containerd image store where `kind load docker-image`
+#      does not; or pushed to MANGO_E2E_REGISTRY);
 #   3. `helm install` of charts/mango into a fresh namespace that enforces
 #      the Pod Security Standard `restricted`;
 #   4. the bootstrap of docs/kubernetes.md: a Workspace key and an
@@ -13,8 +17,9 @@
 #   5. a healthcheck to `succeeded`;
 #   6. a Session activated twice: a file written into /workspace in the
 #      first activation's Pod is read back in the second's, from the same
-#      PVC; inside a sandbox, the api answers and nothing else does (the
-#      NetworkPolicy);
+#      PVC; inside a sandbox (on the worker), the api answers, and neither
+#      PostgreSQL nor the Kubernetes API on the control-plane node does (the
+#      NetworkPolicy; it never governs a Pod's own node);
 #   7. no key, Work secret or sessions token in `kubectl get pod -o yaml`,
 #      in any Secret but the pool's own, in Events or in the controller's log.
 #
@@ -26,7 +31,9 @@
 # Needs docker, kubectl, curl and python3, and either helm or the venv's
 # helm-python-sdk (scripts/venv.sh). Settings:
 #   MANGO_REQUIRE_KIND=1          fail instead of skipping
-#   MANGO_KIND_CLUSTER            the kind cluster (default mango-e2e; made if missing)
+#   MANGO_KIND_CLUSTER            the kind cluster (default mango-e2e; made from
+#                                 kind-config.yaml if missing; a reused one needs a
+#                                 worker labelled mango.dev/sandboxes=true)
 #   MANGO_E2E_USE_CONTEXT=1       use the current kubectl context even where kind exists
 #   MANGO_E2E_REGISTRY            push the images there (for a cluster that is not kind)
 #   MANGO_E2E_SKIP_BUILD=1        use mango-{api,controller,sandbox}:e2e as they are
@@ -145,13 +152,17 @@ fi
 # --- The cluster --------------------------------------------------------------
 if [ "$MODE" = kind ]; then
   if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
-    say "creating kind cluster $CLUSTER"
+    say "creating kind cluster $CLUSTER (a control plane and a worker for the sandboxes)"
     MADE_CLUSTER=1
-    kind create cluster --name "$CLUSTER" --wait 120s >&2
+    kind create cluster --name "$CLUSTER" --config "$ROOT/kind-tests/kind-config.yaml" --wait 120s >&2
   fi
   kubectl config use-context "kind-$CLUSTER" >/dev/null
-  say "loading the images into $CLUSTER"
-  kind load docker-image --name "$CLUSTER" "$IMG_API" "$IMG_CONTROLLER" "$IMG_SANDBOX" >&2
+  [ -n "$(kubectl get nodes -l mango.dev/sandboxes=true -o name)" ] \
+    || fail "kind cluster $CLUSTER has no node labelled mango.dev/sandboxes=true: delete it (kind delete cluster --name $CLUSTER) to have it made from kind-tests/kind-config.yaml"
+  say "loading the images into $CLUSTER (docker save, kind load image-archive)"
+  docker save -o "$WORK/images.tar" "$IMG_API" "$IMG_CONTROLLER" "$IMG_SANDBOX"
+  kind load image-archive --name "$CLUSTER" "$WORK/images.tar" >&2
+  rm -f "$WORK/images.tar"
 fi
 say "cluster: $(kubectl config current-context), Kubernetes $(kubectl version -o json | json "d['serverVersion']['gitVersion']")"
 
@@ -223,6 +234,7 @@ spec:
     name: e2e-pool-key
   imagePullPolicy: $( [ "$PULL" = Never ] && echo IfNotPresent || echo Always )
   maxConcurrency: 2
+$(if [ "$MODE" = kind ]; then printf '  nodeSelector:\n    mango.dev/sandboxes: "true"\n'; fi)
   workspace:
     size: 64Mi
 EOF
@@ -348,6 +360,12 @@ if [ -z "$PVC1" ] || [ "$(wc -l <<<"$PVC1")" != 1 ]; then fail "one PVC for the 
 
 if [ "${MANGO_E2E_CHECK_NETWORK:-1}" = 1 ]; then
   say "inside a sandbox: the api answers, PostgreSQL and the Kubernetes API do not"
+  if [ "$MODE" = kind ]; then
+    NODE="$(kubectl -n "$NS" get pod "$POD1" -o jsonpath='{.spec.nodeName}')"
+    API_NODE="$(kubectl get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')"
+    [ "$NODE" != "$API_NODE" ] \
+      || fail "the sandbox runs on the control-plane node $NODE, where NetworkPolicy cannot keep it from the API server"
+  fi
   in_sandbox "$POD1" timeout 10 bash -c "exec 3<>/dev/tcp/$FULLNAME-api/8080" \
     || fail "a sandbox cannot reach the api (DNS or the NetworkPolicy's api rule)"
   if in_sandbox "$POD1" timeout 5 bash -c "exec 3<>/dev/tcp/$FULLNAME-postgresql/5432" 2>/dev/null; then

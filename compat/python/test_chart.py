@@ -57,6 +57,8 @@ def test_default_values_render_a_trial_release() -> None:
     assert kinds(objs) == Counter(
         {
             "ConfigMap": 1,
+            "ClusterRole": 1,
+            "ClusterRoleBinding": 1,
             "CustomResourceDefinition": 1,
             "Deployment": 2,
             "NetworkPolicy": 2,
@@ -79,11 +81,24 @@ def test_default_values_render_a_trial_release() -> None:
         ("CustomResourceDefinition", "workerpools.mango.dev"),
     ]:
         assert want in names, names
-    # No WorkerPool without pool.enabled, no cluster-wide RBAC ever.
+    # No WorkerPool without pool.enabled; the only cluster-wide RBAC reads
+    # the WorkerPool CRD (controller.checkCrd), nothing else.
     assert "WorkerPool" not in kinds(objs)
+    reader = one(objs, "ClusterRole", "mango-mango-crd-reader")
+    assert reader["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": ["workerpools.mango.dev"],
+            "verbs": ["get"],
+        }
+    ]
+    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
     for o in objs:
-        if o["kind"] != "CustomResourceDefinition":
+        if o["kind"] not in cluster_scoped:
             assert o["metadata"]["namespace"] == "mango", o["metadata"]
+    without = kinds(objects({"controller": {"checkCrd": False}}))
+    assert without["ClusterRole"] == 0 and without["ClusterRoleBinding"] == 0, without
 
 
 def test_production_values_render_no_secret_and_no_bundled_database() -> None:
@@ -112,6 +127,8 @@ def test_the_release_name_names_everything() -> None:
     assert env["MANGO_DEFAULT_API_URL"] == "http://demo-mango-api.agents.svc:8080"
     one(objs, "Service", "demo-mango-api")
     assert all(o["metadata"].get("namespace") in ("agents", None) for o in objs)
+    # ClusterRoles are cluster-wide: the name carries the namespace too.
+    one(objs, "ClusterRole", "demo-mango-agents-crd-reader")
 
 
 @pytest.mark.parametrize(
@@ -196,7 +213,7 @@ def test_notes_show_the_bootstrap_and_no_key() -> None:
 FREE_FORM = {
     "resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels",
     "annotations", "commonLabels", "imagePullSecrets", "topologySpreadConstraints",
-    "extraEnv", "extraEgress", "secretNames", "pod", "namespaceSelector", "podSelector",
+    "extraEnv", "extraEgress", "secretNames", "pod", "peers", "ports",
 }
 
 
@@ -248,7 +265,50 @@ def test_the_values_schema_covers_every_value_and_refuses_typos() -> None:
             ({"pool": {"workspace": {"accessMode": "RWO"}}}, "/pool/workspace/accessMode"),
             ({"pool": {"maxConcurrency": 0}}, "/pool/maxConcurrency"),
             ({"controller": {"leaderElection": {"enabled": "yes"}}}, "/controller/leaderElection/enabled"),
+            ({"sandbox": {"networkPolicy": {"dns": {"ports": [{"port": 0}]}}}}, "/sandbox/networkPolicy/dns/ports/0/port"),
+            ({"sandbox": {"networkPolicy": {"dns": {"ports": []}}}}, "/sandbox/networkPolicy/dns/ports"),
+            ({"sandbox": {"networkPolicy": {"dns": {"peers": [{}]}}}}, "/sandbox/networkPolicy/dns/peers/0"),
+            ({"sandbox": {"networkPolicy": {"dns": {"peers": [{"ipBlock": {}}]}}}}, "/sandbox/networkPolicy/dns/peers/0/ipBlock"),
+            ({"sandbox": {"networkPolicy": {"dns": {"podSelector": {}}}}}, "'podSelector' not allowed"),
         ]:
             with pytest.raises(helm_python.HelmError) as err:
                 render(bad)
             assert where in str(err.value), str(err.value)
+
+
+def sandbox_dns(values: Dict[str, Any]) -> Dict[str, Any]:
+    policy = one(objects(values), "NetworkPolicy", "mango-sandbox")
+    egress = policy["spec"]["egress"]
+    assert len(egress) == 2, "the api and DNS"
+    return egress[1]
+
+
+@pytest.mark.parametrize(
+    "dns, peers, ports",
+    [
+        (
+            {},
+            [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+              "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+            [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+        ),
+        (
+            {"peers": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+                        "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}}}],
+             "ports": [{"port": 5353, "protocol": "UDP"}, {"port": 5353, "protocol": "TCP"}]},
+            [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+              "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}}}],
+            [{"port": 5353, "protocol": "UDP"}, {"port": 5353, "protocol": "TCP"}],
+        ),
+        (
+            {"peers": [{"ipBlock": {"cidr": "169.254.20.10/32"}}]},
+            [{"ipBlock": {"cidr": "169.254.20.10/32"}}],
+            [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+        ),
+    ],
+    ids=["kube-dns", "openshift", "nodelocal-dnscache"],
+)
+def test_the_sandboxes_dns_egress_is_where_the_cluster_answers(dns: Dict[str, Any], peers: Any, ports: Any) -> None:
+    rule = sandbox_dns({"sandbox": {"networkPolicy": {"dns": dns}}})
+    assert rule["to"] == peers
+    assert rule["ports"] == ports

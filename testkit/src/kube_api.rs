@@ -3,7 +3,8 @@
 //! as JSON (create-only, 409 on a second create), answers lists by label
 //! selector, merge-patches, deletes, and serves `pods/attach` as the v5
 //! WebSocket protocol (`v5.channel.k8s.io`), handing each attach's stdin
-//! to the test. It runs no container: the test plays the kubelet.
+//! to the test. It runs no container: the test plays the kubelet, and
+//! chooses how attaches end ([`AttachEnd`]).
 //! Every request is recorded, so a test can assert the exact traffic.
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -29,12 +30,39 @@ pub struct Attached {
     pub manifest: Value,
 }
 
+/// How the fake's attaches end, on the error channel (channel 3).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AttachEnd {
+    /// Once the client closes stdin: a `Success` status (the kubelet attached).
+    #[default]
+    Success,
+    /// At once, before any stdin is read: a `Failure` status with this
+    /// reason, message and code. From 1.30 the API server accepts the
+    /// WebSocket before it dials the kubelet, and reports a kubelet that
+    /// cannot attach (the container gone, the node unreachable) so.
+    Failure {
+        reason: String,
+        message: String,
+        code: u16,
+    },
+    /// Once stdin is closed, the connection closes without a status.
+    NoStatus,
+    /// Never: the connection stays open and no status comes.
+    Silent,
+}
+
 #[derive(Default)]
 struct Stored {
     pods: BTreeMap<String, Value>,
     pvcs: BTreeMap<String, Value>,
     requests: Vec<(Method, String)>,
     next_uid: u64,
+    attach_end: AttachEnd,
+    leases: BTreeMap<String, Value>,
+    /// The last `resourceVersion` given (Leases: one per write).
+    version: u64,
+    /// Lease writes naming this holder fail (503), as if it were cut off.
+    cut_off: Option<String>,
 }
 
 #[derive(Clone)]
@@ -66,6 +94,14 @@ impl FakeKubeApi {
                 get(read).patch(merge_patch).delete(delete),
             )
             .route("/api/v1/namespaces/{ns}/pods/{name}/attach", get(attach))
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                axum::routing::post(create_lease),
+            )
+            .route(
+                "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+                get(read_lease).put(replace_lease),
+            )
             .layer(axum::middleware::from_fn_with_state(shared.clone(), record))
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -105,6 +141,23 @@ impl FakeKubeApi {
 
     pub fn pvcs(&self) -> Vec<String> {
         self.stored.lock().unwrap().pvcs.keys().cloned().collect()
+    }
+
+    /// How the attaches from now on end ([`AttachEnd::Success`] unless set).
+    /// Only an attach that ends in `Success` is reported by [`Self::attached`].
+    pub fn end_attaches(&self, end: AttachEnd) {
+        self.stored.lock().unwrap().attach_end = end;
+    }
+
+    /// The stored Lease `name`.
+    pub fn lease(&self, name: &str) -> Option<Value> {
+        self.stored.lock().unwrap().leases.get(name).cloned()
+    }
+
+    /// From now on, Lease writes that name `holder` fail with 503 (the
+    /// replica is cut off from the API server); `None` heals it.
+    pub fn cut_off(&self, holder: Option<&str>) {
+        self.stored.lock().unwrap().cut_off = holder.map(str::to_string);
     }
 
     /// Sets a stored Pod's status, as the kubelet would.
@@ -287,6 +340,77 @@ async fn delete(
     }
 }
 
+/// Leases: create-only POST, and PUT guarded by `resourceVersion` as the
+/// API server guards it (a stale one is 409; none is an unconditional
+/// write); every write gets a new `resourceVersion`.
+async fn create_lease(
+    State(shared): State<Shared>,
+    Path(ns): Path<String>,
+    Json(mut lease): Json<Value>,
+) -> Response {
+    let mut stored = shared.stored.lock().unwrap();
+    let Some(name) = lease["metadata"]["name"].as_str().map(str::to_string) else {
+        return status(422, "Invalid", "metadata.name is required".into());
+    };
+    if stored.leases.contains_key(&name) {
+        return status(
+            409,
+            "AlreadyExists",
+            format!("leases.coordination.k8s.io \"{name}\" already exists"),
+        );
+    }
+    stored.version += 1;
+    lease["metadata"]["namespace"] = json!(ns);
+    lease["metadata"]["resourceVersion"] = json!(stored.version.to_string());
+    stored.leases.insert(name, lease.clone());
+    (StatusCode::CREATED, Json(lease)).into_response()
+}
+
+async fn read_lease(
+    State(shared): State<Shared>,
+    Path((_ns, name)): Path<(String, String)>,
+) -> Response {
+    match shared.stored.lock().unwrap().leases.get(&name) {
+        Some(lease) => Json(lease.clone()).into_response(),
+        None => status(
+            404,
+            "NotFound",
+            format!("leases.coordination.k8s.io \"{name}\" not found"),
+        ),
+    }
+}
+
+async fn replace_lease(
+    State(shared): State<Shared>,
+    Path((_ns, name)): Path<(String, String)>,
+    Json(mut lease): Json<Value>,
+) -> Response {
+    let mut stored = shared.stored.lock().unwrap();
+    let holder = lease["spec"]["holderIdentity"].as_str().map(str::to_string);
+    if holder.is_some() && holder == stored.cut_off {
+        return status(503, "ServiceUnavailable", "the replica is cut off".into());
+    }
+    let Some(current) = stored.leases.get(&name) else {
+        return status(
+            404,
+            "NotFound",
+            format!("leases.coordination.k8s.io \"{name}\" not found"),
+        );
+    };
+    let expected = lease["metadata"]["resourceVersion"].as_str();
+    if expected.is_some_and(|v| Some(v) != current["metadata"]["resourceVersion"].as_str()) {
+        return status(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+        );
+    }
+    stored.version += 1;
+    lease["metadata"]["resourceVersion"] = json!(stored.version.to_string());
+    stored.leases.insert(name, lease.clone());
+    Json(lease).into_response()
+}
+
 async fn attach(
     State(shared): State<Shared>,
     Path((_ns, name)): Path<(String, String)>,
@@ -302,9 +426,29 @@ async fn attach(
         .on_upgrade(move |socket| serve_attach(socket, shared, name, query))
 }
 
+fn status_frame(status: &Value) -> Message {
+    let mut frame = vec![3u8];
+    frame.extend_from_slice(status.to_string().as_bytes());
+    Message::Binary(frame.into())
+}
+
 /// The v5 channel protocol: stdin frames on channel 0 until the client
-/// closes channel 0 (`[255, 0]`), then a Success status on channel 3.
+/// closes channel 0 (`[255, 0]`), then a Success status on channel 3 (or
+/// what [`AttachEnd`] says).
 async fn serve_attach(mut socket: WebSocket, shared: Shared, pod: String, query: String) {
+    let end = shared.stored.lock().unwrap().attach_end.clone();
+    if let AttachEnd::Failure {
+        reason,
+        message,
+        code,
+    } = &end
+    {
+        let status = json!({"metadata": {}, "status": "Failure", "reason": reason,
+                            "message": message, "code": code});
+        let _ = socket.send(status_frame(&status)).await;
+        let _ = socket.send(Message::Close(None)).await;
+        return;
+    }
     let mut stdin = Vec::new();
     while let Some(Ok(message)) = socket.recv().await {
         match message {
@@ -316,9 +460,21 @@ async fn serve_attach(mut socket: WebSocket, shared: Shared, pod: String, query:
             _ => {}
         }
     }
-    let mut status = vec![3u8];
-    status.extend_from_slice(br#"{"metadata":{},"status":"Success"}"#);
-    let _ = socket.send(Message::Binary(status.into())).await;
+    match end {
+        AttachEnd::Silent => {
+            // Hold the connection open until the client goes.
+            while let Some(Ok(_)) = socket.recv().await {}
+            return;
+        }
+        AttachEnd::NoStatus => {
+            let _ = socket.send(Message::Close(None)).await;
+            return;
+        }
+        _ => {}
+    }
+    let _ = socket
+        .send(status_frame(&json!({"metadata": {}, "status": "Success"})))
+        .await;
     let _ = socket.send(Message::Close(None)).await;
     let manifest = shared
         .stored

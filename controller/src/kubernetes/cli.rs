@@ -42,6 +42,10 @@ pub struct KubernetesArgs {
     /// This replica's name in the Lease and in Events (default: the host name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Run no pool while the cluster serves an older WorkerPool CRD than
+    /// this controller's (needs `get` on the CRD: the chart's ClusterRole).
+    #[arg(long, env = "MANGO_CHECK_CRD", default_value_t = true, action = clap::ArgAction::Set)]
+    pub check_crd: bool,
 }
 
 /// Runs the operator until `shutdown`; errors are printed for people.
@@ -90,6 +94,7 @@ async fn serve(
             default_api_url: args.default_api_url.clone(),
             default_sandbox_image: args.default_sandbox_image.clone(),
             instance: identity.clone(),
+            check_crd: args.check_crd,
         },
     );
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)

@@ -26,6 +26,11 @@ use std::collections::BTreeMap;
     status = "WorkerPoolStatus",
     shortname = "wp",
     category = "mango",
+    // The revision of this schema (`SCHEMA_REVISION`), which the controller
+    // compares with the CRD the cluster serves.
+    annotation("mango.dev/schema", "2"),
+    // The name is the `mango.dev/pool` label of every sandbox Pod.
+    validation = Rule::new("self.metadata.name.size() <= 63").message("a WorkerPool's name is its sandbox Pods' mango.dev/pool label value: at most 63 characters"),
     doc = "A pool of hardened sandbox Pods serving one Mango Environment: one Pod per acknowledged Work item.",
     printcolumn(
         name = "Environment",
@@ -75,7 +80,12 @@ pub struct WorkerPoolSpec {
     /// The api as sandbox Pods reach it. Default: `apiUrl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_api_url: Option<String>,
-    /// The Environment this pool serves (`env_…`).
+    /// The Environment this pool serves (`env_…`). It is a label value of
+    /// every sandbox Pod: at most 63 characters.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+    )]
     pub environment_id: String,
     /// The Secret (in the pool's namespace) holding the Environment key.
     pub environment_key_secret: SecretKeyRef,
@@ -105,7 +115,7 @@ pub struct WorkerPoolSpec {
     pub max_concurrency: u32,
     /// The longest a sandbox Pod may live (its `activeDeadlineSeconds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 30))]
+    #[schemars(range(min = 30, max = 2147483647))]
     pub active_deadline_seconds: Option<i64>,
     /// How long a Pod may take to be Running (scheduling, image pull)
     /// before its item is released. Default 120.
@@ -209,15 +219,15 @@ pub struct PodOverrides {
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     /// A non-root UID (default 65534).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub run_as_user: Option<i64>,
     /// A non-root GID (default 65534).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub run_as_group: Option<i64>,
     /// The group owning the workspace volume (default 65534).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub fs_group: Option<i64>,
     /// `false` runs the Pod in a user namespace; `true` is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,6 +295,34 @@ fn conditions(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
     })
 }
 
+/// The revision of the schema this controller was built with, stamped into
+/// the CRD as the annotation [`SCHEMA_ANNOTATION`]. A cluster that serves
+/// an older revision (Helm never upgrades `crds/`) would prune fields this
+/// controller relies on, or admit pools it refuses: the controller then
+/// runs no pool until the CRD is applied.
+pub const SCHEMA_REVISION: u32 = 2;
+pub const SCHEMA_ANNOTATION: &str = "mango.dev/schema";
+/// The CRD's name.
+pub const CRD_NAME: &str = "workerpools.mango.dev";
+
+/// The schema revision a served CRD declares: the CRDs from before the
+/// annotation are revision 1.
+pub fn served_revision(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> Result<u32, String> {
+    match crd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SCHEMA_ANNOTATION))
+    {
+        None => Ok(1),
+        Some(value) => value.parse().map_err(|_| {
+            format!("the CRD's {SCHEMA_ANNOTATION} annotation is {value:?}, not a revision number")
+        }),
+    }
+}
+
 /// The CRD as YAML, as `crds/workerpool.yaml` holds it.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
@@ -309,6 +347,42 @@ mod tests {
             checked_in == crd_yaml(),
             "crds/workerpool.yaml is stale: run `cargo run -q -p mango-controller --bin crdgen > crds/workerpool.yaml`"
         );
+    }
+
+    /// Each revision's schema by the SHA-256 of its `openAPIV3Schema` (the
+    /// first 16 hex digits), oldest first. Revision 1 had no annotation.
+    const SCHEMA_HISTORY: &[(u32, &str)] = &[(2, "9e41fb4737ceac50")];
+
+    /// A schema change fails here until the revision is raised, so a
+    /// controller always knows a CRD older than its own.
+    #[test]
+    fn a_schema_change_raises_the_revision() {
+        use kube::CustomResourceExt;
+        use sha2::{Digest, Sha256};
+        let crd = WorkerPool::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some(CRD_NAME));
+        assert_eq!(served_revision(&crd), Ok(SCHEMA_REVISION));
+        let schema = serde_json::to_vec(&crd.spec.versions[0].schema).unwrap();
+        let digest = hex::encode(&Sha256::digest(&schema)[..8]);
+        assert_eq!(
+            SCHEMA_HISTORY.last(),
+            Some(&(SCHEMA_REVISION, digest.as_str())),
+            "the WorkerPool schema changed: raise SCHEMA_REVISION and the CRD's {SCHEMA_ANNOTATION} annotation to {}, and append ({}, \"{digest}\") here",
+            SCHEMA_REVISION + 1,
+            SCHEMA_REVISION + 1
+        );
+    }
+
+    #[test]
+    fn a_crd_without_the_annotation_is_revision_one() {
+        use kube::CustomResourceExt;
+        let mut crd = WorkerPool::crd();
+        crd.metadata.annotations = None;
+        assert_eq!(served_revision(&crd), Ok(1));
+        crd.metadata.annotations = Some([(SCHEMA_ANNOTATION.to_string(), "x".to_string())].into());
+        assert!(served_revision(&crd)
+            .unwrap_err()
+            .contains("not a revision number"));
     }
 
     #[test]

@@ -10,23 +10,43 @@ use crate::core::launcher::{
 use crate::core::naming;
 use crate::core::secret::Secret;
 use crate::kubernetes::crd::WorkerPool;
+use crate::kubernetes::events::{self, PoolEvents};
 use crate::kubernetes::pod::{self, ANNOTATION_HANDED_OFF, CONTAINER};
 use crate::kubernetes::pods::PodStore;
+use crate::kubernetes::validation::{self, InvalidLabel};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 const ENGINE: &str = "Kubernetes API";
-/// Waiting reasons that mean the container will not start by itself.
-const CANNOT_START: [&str; 5] = [
+/// How long the attach may take, once stdin is closed, to report on its
+/// error channel how it ended. The kubelet's attach ends when stdin does
+/// (`stdinOnce`, no tty, no stdout), so this is a round trip, not a wait.
+pub const ATTACH_STATUS_BOUND: Duration = Duration::from_secs(10);
+/// Waiting reasons that mean the container will not start by itself: the
+/// kubelet's image errors (`pkg/kubelet/images`, and the CRI's
+/// `RegistryUnavailable` and `SignatureValidationFailed`) and its container
+/// start errors (`pkg/kubelet/kuberuntime`, `pkg/kubelet/container`). A
+/// sandbox Pod has `restartPolicy: Never` and is made for one item, so none
+/// of them is worth the rest of the start bound.
+const CANNOT_START: [&str; 12] = [
     "ErrImagePull",
     "ImagePullBackOff",
+    "ErrImageNeverPull",
     "InvalidImageName",
+    "ImageInspectError",
+    "RegistryUnavailable",
+    "SignatureValidationFailed",
     "CreateContainerConfigError",
+    "PreCreateHookError",
     "CreateContainerError",
+    "PreStartHookError",
+    "RunContainerError",
 ];
 
 pub struct PodLauncher {
@@ -37,6 +57,36 @@ pub struct PodLauncher {
     /// The sandbox image when the pool names none.
     default_image: String,
     store: PodStore,
+    hardening: HardeningReport,
+    events: Option<PoolEvents>,
+}
+
+/// The latest sandbox Pod's hardening as the API server stored it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardeningChecked {
+    pub pod: String,
+    /// The hardening fields it did not store as sent (`spec.hostUsers`).
+    pub not_stored: Vec<String>,
+}
+
+/// What the API server made of the hardening of the pool's Pods, for the
+/// pool's status; shared by the launcher and the operator.
+#[derive(Debug, Clone, Default)]
+pub struct HardeningReport(Arc<Mutex<Option<HardeningChecked>>>);
+
+impl HardeningReport {
+    /// The latest Pod's; `None` before the first.
+    pub fn latest(&self) -> Option<HardeningChecked> {
+        self.0.lock().expect("hardening lock").clone()
+    }
+
+    /// Records the latest Pod's; whether what is missing changed.
+    fn record(&self, checked: HardeningChecked) -> bool {
+        let mut latest = self.0.lock().expect("hardening lock");
+        let changed = latest.as_ref().map(|l| &l.not_stored) != Some(&checked.not_stored);
+        *latest = Some(checked);
+        changed
+    }
 }
 
 /// A Kubernetes error as a launch error: the API server answering is a
@@ -61,15 +111,37 @@ fn status_of(err: &kube::Error) -> Option<u16> {
     }
 }
 
-/// The label selector of `pool`'s sandbox Pods.
-pub fn pool_selector(pool: &str) -> String {
-    format!(
-        "{}={},{}={}",
-        naming::LABEL_MANAGED_BY,
-        naming::MANAGED_BY,
-        naming::LABEL_POOL,
-        pool
-    )
+/// The label selector of `pool`'s sandbox Pods (refused where the API
+/// server would refuse it: a pool name that is no label value).
+pub fn pool_selector(pool: &str) -> Result<String, InvalidLabel> {
+    validation::selector(&[
+        (naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+        (naming::LABEL_POOL, pool),
+    ])
+}
+
+/// A label the API server would refuse, as a launch error (no request made).
+fn invalid_label(what: &str, err: InvalidLabel) -> LaunchError {
+    LaunchError::Failed(format!(
+        "{what}: {err}; the Kubernetes API would refuse it, so nothing was sent"
+    ))
+}
+
+/// How an attach's error channel said it ended, for people.
+fn describe(status: &Status) -> String {
+    let mut out = status
+        .reason
+        .clone()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| status.status.clone().unwrap_or_else(|| "no status".into()));
+    if let Some(message) = status.message.as_deref().filter(|m| !m.is_empty()) {
+        out.push_str(": ");
+        out.push_str(message);
+    }
+    if let Some(code) = status.code {
+        out.push_str(&format!(" (code {code})"));
+    }
+    out
 }
 
 impl PodLauncher {
@@ -86,6 +158,51 @@ impl PodLauncher {
             pool,
             default_image: default_image.to_string(),
             store,
+            hardening: HardeningReport::default(),
+            events: None,
+        }
+    }
+
+    /// Publishes on the pool, as Events, what the API server did not store
+    /// of a Pod's hardening.
+    pub fn with_events(mut self, events: PoolEvents) -> PodLauncher {
+        self.events = Some(events);
+        self
+    }
+
+    /// What the API server stored of the latest Pod's hardening.
+    pub fn hardening(&self) -> HardeningReport {
+        self.hardening.clone()
+    }
+
+    /// Records how the API server stored Pod `name`'s hardening, with an
+    /// Event each time what is missing changes.
+    fn check_hardening(&self, name: &str, sent: &Pod, stored: &Pod) {
+        let not_stored = pod::hardening_not_stored(sent, stored);
+        if not_stored.is_empty() {
+            self.hardening.record(HardeningChecked {
+                pod: name.to_string(),
+                not_stored,
+            });
+            return;
+        }
+        let note = format!(
+            "the Kubernetes API did not store {} of Pod {name} as sent (a feature gate that is off, such as UserNamespacesSupport for spec.hostUsers, or a mutating webhook): the sandbox runs without it",
+            not_stored.join(", ")
+        );
+        tracing::warn!(pod = %name, fields = ?not_stored, "the Kubernetes API did not store the sandbox's hardening as sent");
+        let changed = self.hardening.record(HardeningChecked {
+            pod: name.to_string(),
+            not_stored,
+        });
+        if let (true, Some(events)) = (changed, &self.events) {
+            events.publish(
+                EventType::Warning,
+                "HardeningNotStored",
+                "Launch",
+                note,
+                Some(events::pod_ref(self.pool.namespace(), name)),
+            );
         }
     }
 
@@ -93,6 +210,10 @@ impl PodLauncher {
     /// kept as it is, whoever made it).
     async fn ensure_pvc(&self, session_id: &str) -> Result<(), LaunchError> {
         let name = pod::pvc_name(session_id);
+        let claim = pod::session_pvc(&self.pool, session_id);
+        if let Some(labels) = &claim.metadata.labels {
+            validation::labels(labels).map_err(|e| invalid_label(&format!("PVC {name}"), e))?;
+        }
         let existing = self
             .pvcs
             .get_opt(&name)
@@ -101,14 +222,7 @@ impl PodLauncher {
         if existing.is_some() {
             return Ok(());
         }
-        match self
-            .pvcs
-            .create(
-                &PostParams::default(),
-                &pod::session_pvc(&self.pool, session_id),
-            )
-            .await
-        {
+        match self.pvcs.create(&PostParams::default(), &claim).await {
             Ok(_) => Ok(()),
             // Made meanwhile (another activation of the Session): the same claim.
             Err(err) if status_of(&err) == Some(409) => Ok(()),
@@ -199,9 +313,11 @@ impl Launcher for PodLauncher {
     /// Running Pods whose secret was delivered are adoptable; the rest
     /// (finished, or never handed their secret) are to be removed.
     async fn existing(&self) -> Result<Vec<Found>, LaunchError> {
+        let selector = pool_selector(&self.pool.name_any())
+            .map_err(|e| invalid_label("listing sandbox Pods", e))?;
         let listed = self
             .pods
-            .list(&ListParams::default().labels(&pool_selector(&self.pool.name_any())))
+            .list(&ListParams::default().labels(&selector))
             .await
             .map_err(|e| launch_error("listing sandbox Pods", e))?;
         Ok(listed
@@ -226,16 +342,25 @@ impl Launcher for PodLauncher {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        let manifest = pod::sandbox_pod(&self.pool, spec, &self.default_image);
+        if let Some(labels) = &manifest.metadata.labels {
+            validation::labels(labels)
+                .map_err(|e| invalid_label(&format!("Pod {}", spec.name), e))?;
+        }
         if let Some(session) = &spec.item.session_id {
             self.ensure_pvc(session).await?;
         }
-        let manifest = pod::sandbox_pod(&self.pool, spec, &self.default_image);
         match self.pods.create(&PostParams::default(), &manifest).await {
-            Ok(_) => Ok(Sandbox {
-                name: spec.name.clone(),
-                handle: spec.name.clone(),
-                item: spec.item.clone(),
-            }),
+            Ok(stored) => {
+                // The answer is the Pod as stored, after defaulting and
+                // admission: what of its hardening survived.
+                self.check_hardening(&spec.name, &manifest, &stored);
+                Ok(Sandbox {
+                    name: spec.name.clone(),
+                    handle: spec.name.clone(),
+                    item: spec.item.clone(),
+                })
+            }
             Err(err) if status_of(&err) == Some(409) => {
                 Err(LaunchError::AlreadyExists(spec.name.clone()))
             }
@@ -245,8 +370,13 @@ impl Launcher for PodLauncher {
 
     /// Once the container runs: attach stdin only, write the secret and a
     /// newline, close stdin (`stdinOnce` turns the disconnect into EOF),
-    /// and mark the Pod handed off. A failure here cannot be retried (the
-    /// stdin is spent): the supervisor deletes the Pod.
+    /// wait for the attach's own report of how it ended, and mark the Pod
+    /// handed off only when that is `Success`. From 1.30 the API server
+    /// accepts the WebSocket before it reaches the kubelet, so a kubelet
+    /// that cannot attach (the container gone, the node unreachable, TLS)
+    /// shows only as a `Failure` status on the error channel: written
+    /// bytes prove nothing. Any other end cannot be retried (the stdin is
+    /// spent): the supervisor deletes the Pod and leaves the lease to expire.
     async fn hand_off(&self, sandbox: &Sandbox, secret: Secret) -> Result<HandOff, LaunchError> {
         let mut seen = false;
         let started = match self
@@ -270,6 +400,9 @@ impl Launcher for PodLauncher {
             .attach(&sandbox.name, &params)
             .await
             .map_err(|e| launch_error(&format!("attaching to Pod {}", sandbox.name), e))?;
+        let ended = attached
+            .take_status()
+            .ok_or_else(|| LaunchError::Failed("the attach gave no error channel".into()))?;
         let mut stdin = attached
             .stdin()
             .ok_or_else(|| LaunchError::Failed("the attach gave no stdin".into()))?;
@@ -282,9 +415,31 @@ impl Launcher for PodLauncher {
         .await;
         drop(secret);
         drop(stdin);
+        let ended = tokio::time::timeout(ATTACH_STATUS_BOUND, ended).await;
+        // Whatever it said, the attach is over.
+        attached.abort();
+        let pod = &sandbox.name;
+        match ended {
+            Ok(Some(status)) if status.status.as_deref() == Some("Success") => {}
+            Ok(Some(status)) => {
+                return Err(LaunchError::Failed(format!(
+                    "the attach to Pod {pod} failed: {}; the secret was not delivered",
+                    describe(&status)
+                )))
+            }
+            Ok(None) => {
+                return Err(LaunchError::Failed(format!(
+                    "the attach to Pod {pod} closed without reporting how it ended, so the secret's delivery is unconfirmed (Kubernetes before 1.30 cannot close stdin alone)"
+                )))
+            }
+            Err(_) => {
+                return Err(LaunchError::Failed(format!(
+                    "the attach to Pod {pod} did not report how it ended within {} s of closing stdin, so the secret's delivery is unconfirmed",
+                    ATTACH_STATUS_BOUND.as_secs()
+                )))
+            }
+        }
         written.map_err(|e| LaunchError::Failed(format!("writing the secret to the Pod: {e}")))?;
-        // The attach ends once stdin is closed; do not wait long for it.
-        let _ = tokio::time::timeout(Duration::from_secs(5), attached.join()).await;
         let delivered = Instant::now();
         let mark = serde_json::json!({"metadata": {"annotations": {
             ANNOTATION_HANDED_OFF: jiff::Timestamp::now().to_string()
@@ -331,12 +486,11 @@ impl Launcher for PodLauncher {
     }
 
     async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
-        let selector = format!(
-            "{}={},{}={environment_id}",
-            naming::LABEL_MANAGED_BY,
-            naming::MANAGED_BY,
-            naming::LABEL_ENVIRONMENT_ID
-        );
+        let selector = validation::selector(&[
+            (naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+            (naming::LABEL_ENVIRONMENT_ID, environment_id),
+        ])
+        .map_err(|e| invalid_label("listing Session PVCs", e))?;
         let listed = self
             .pvcs
             .list(&ListParams::default().labels(&selector))

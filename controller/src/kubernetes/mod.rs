@@ -12,3 +12,4 @@ pub mod pod;
 pub mod pods;
 pub mod status;
 pub mod sweep;
+pub mod validation;

@@ -7,15 +7,16 @@ use crate::core::config::Config;
 use crate::core::metrics::{self, Metrics};
 use crate::core::secret::Secret;
 use crate::core::supervisor::{RunEnd, StartError, Stop, Supervisor};
-use crate::kubernetes::crd::{WorkerPool, WorkerPoolStatus};
+use crate::kubernetes::crd::{self, WorkerPool, WorkerPoolStatus, SCHEMA_REVISION};
 use crate::kubernetes::events::PoolEvents;
-use crate::kubernetes::launcher::{pool_selector, PodLauncher};
+use crate::kubernetes::launcher::{pool_selector, HardeningReport, PodLauncher};
 use crate::kubernetes::pod;
 use crate::kubernetes::pods::PodStore;
 use crate::kubernetes::status::{self, Observed, Problem};
 use crate::kubernetes::sweep;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret as KubeSecret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder, Reporter};
@@ -55,6 +56,9 @@ pub struct Settings {
     pub default_sandbox_image: String,
     /// This replica's name in Events.
     pub instance: String,
+    /// Compare the cluster's WorkerPool CRD with this controller's schema
+    /// (needs `get` on `customresourcedefinitions/workerpools.mango.dev`).
+    pub check_crd: bool,
 }
 
 /// What one pool's supervisor was started with, to tell whether it still fits.
@@ -75,6 +79,7 @@ struct PoolRun {
     state: Arc<Mutex<RunState>>,
     stats: mango_client::Client,
     environment_id: String,
+    hardening: HardeningReport,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +94,10 @@ pub struct Context {
     pub client: Client,
     pub settings: Settings,
     recorder: Recorder,
+    reporter: Reporter,
     runs: Mutex<HashMap<String, PoolRun>>,
+    /// The last verdict on the cluster's WorkerPool CRD (`None`: not checked).
+    crd: Mutex<Option<Result<(), Problem>>>,
     /// The reason each pool's last Event gave, so an Event marks each change once.
     noted: Mutex<HashMap<String, String>>,
     pub reconciles: std::sync::atomic::AtomicU64,
@@ -98,18 +106,18 @@ pub struct Context {
 
 impl Context {
     pub fn new(client: Client, settings: Settings) -> Arc<Context> {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: Some(settings.instance.clone()),
-            },
-        );
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(settings.instance.clone()),
+        };
+        let recorder = Recorder::new(client.clone(), reporter.clone());
         Arc::new(Context {
             client,
             settings,
             recorder,
+            reporter,
             runs: Mutex::default(),
+            crd: Mutex::default(),
             noted: Mutex::default(),
             reconciles: Default::default(),
             reconcile_failures: Default::default(),
@@ -117,7 +125,67 @@ impl Context {
     }
 
     fn events(&self, pool: &WorkerPool) -> PoolEvents {
-        PoolEvents::new(self.recorder.clone(), pool.object_ref(&()))
+        PoolEvents::new(
+            self.recorder.clone(),
+            self.client.clone(),
+            self.reporter.clone(),
+            pool.object_ref(&()),
+        )
+    }
+
+    /// Reads the cluster's WorkerPool CRD and keeps the verdict: no pool
+    /// runs on a CRD older than this controller's schema (Helm never
+    /// upgrades `crds/`, so after `helm upgrade` the old schema may still
+    /// be served, pruning fields and admitting pools this controller
+    /// refuses). A failure to reach the API keeps the previous verdict.
+    pub async fn check_crd(&self) {
+        if !self.settings.check_crd {
+            *self.crd.lock().expect("crd lock") = Some(Ok(()));
+            return;
+        }
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let verdict = match crds.get(crd::CRD_NAME).await {
+            Ok(served) => match crd::served_revision(&served) {
+                Ok(revision) if revision >= SCHEMA_REVISION => {
+                    if revision > SCHEMA_REVISION {
+                        tracing::info!(revision, ours = SCHEMA_REVISION, "the cluster serves a newer WorkerPool CRD than this controller's");
+                    }
+                    Ok(())
+                }
+                Ok(revision) => Err(Problem::CrdOutdated(format!(
+                    "the cluster serves the WorkerPool CRD at schema revision {revision}, older than this controller's {SCHEMA_REVISION}: apply the chart's CRD first (`kubectl apply --server-side -f charts/mango/crds/workerpool.yaml`; helm upgrade never updates it)"
+                ))),
+                Err(problem) => Err(Problem::CrdOutdated(problem)),
+            },
+            Err(kube::Error::Api(status)) if status.code == 403 => Err(Problem::CrdUnreadable(format!(
+                "this ServiceAccount may not get customresourcedefinitions/{} (the chart's ClusterRole grants it with controller.checkCrd; or run with MANGO_CHECK_CRD=false): {}",
+                crd::CRD_NAME, status.message
+            ))),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(Problem::CrdOutdated(format!(
+                "the WorkerPool CRD ({}) is not installed", crd::CRD_NAME
+            ))),
+            Err(err) => {
+                tracing::warn!(error = %err, "could not read the WorkerPool CRD; keeping the last verdict");
+                let mut kept = self.crd.lock().expect("crd lock");
+                if kept.is_none() {
+                    *kept = Some(Err(Problem::CrdUnreadable(format!(
+                        "the WorkerPool CRD could not be read: {err}"
+                    ))));
+                }
+                return;
+            }
+        };
+        if let Err(problem) = &verdict {
+            tracing::error!(reason = problem.reason(), error = %problem.message(), "no pool runs on this WorkerPool CRD");
+        }
+        *self.crd.lock().expect("crd lock") = Some(verdict);
+    }
+
+    fn crd_problem(&self) -> Option<Problem> {
+        match &*self.crd.lock().expect("crd lock") {
+            Some(Err(problem)) => Some(problem.clone()),
+            _ => None,
+        }
     }
 
     /// Every pool's supervisor metrics in one exposition.
@@ -282,13 +350,20 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
         .namespace()
         .unwrap_or_else(|| ctx.settings.namespace.clone());
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let (store, watch) = PodStore::watching(pods, &pool_selector(&name));
+    // A valid pool (`usable`) has a valid selector.
+    let Ok(selector) = pool_selector(&name) else {
+        tracing::error!(pool = %name, "the pool's name is no label value; not started");
+        return;
+    };
+    let (store, watch) = PodStore::watching(pods, &selector);
     let launcher = PodLauncher::new(
         ctx.client.clone(),
         pool.clone(),
         &ctx.settings.default_sandbox_image,
         store,
-    );
+    )
+    .with_events(ctx.events(pool));
+    let hardening = launcher.hardening();
     let sandbox_api = pool
         .spec
         .sandbox_api_url
@@ -346,6 +421,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
             state,
             stats,
             environment_id: pool.spec.environment_id.clone(),
+            hardening,
         },
     );
     tracing::info!(pool = %name, "the pool's supervisor starts");
@@ -407,6 +483,9 @@ pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Actio
 
 /// The pool's key and api, or the problem that keeps it from running.
 async fn usable(ctx: &Context, pool: &WorkerPool) -> Result<(Secret, String), Problem> {
+    if let Some(problem) = ctx.crd_problem() {
+        return Err(problem);
+    }
     pod::validate(pool).map_err(|e| Problem::InvalidSpec(e.to_string()))?;
     let api = api_url(ctx, pool)?;
     let key = read_key(ctx, pool).await?;
@@ -416,15 +495,16 @@ async fn usable(ctx: &Context, pool: &WorkerPool) -> Result<(Secret, String), Pr
 /// What the pool's supervisor shows now.
 async fn observe(ctx: &Context, pool: &WorkerPool, problem: Option<Problem>) -> Observed {
     let name = pool.name_any();
-    let (state, snapshot, stats) = {
+    let (state, snapshot, stats, hardening) = {
         let runs = ctx.runs.lock().expect("runs lock");
         match runs.get(&name) {
             Some(run) => (
                 Some(run.state.lock().expect("state lock").clone()),
                 Some(run.metrics.snapshot()),
                 Some((run.stats.clone(), run.environment_id.clone())),
+                run.hardening.latest(),
             ),
-            None => (None, None, None),
+            None => (None, None, None, None),
         }
     };
     let problem = problem.or(match &state {
@@ -441,6 +521,7 @@ async fn observe(ctx: &Context, pool: &WorkerPool, problem: Option<Problem>) -> 
         problem,
         snapshot,
         queue,
+        hardening,
         now: SystemTime::now(),
     }
 }
@@ -474,7 +555,8 @@ fn note_change(
         noted.insert(pool.name_any(), reason.clone()).as_ref() != Some(&reason)
     };
     if changed {
-        ctx.events(pool).publish(type_, &reason, "Reconcile", note);
+        ctx.events(pool)
+            .publish(type_, &reason, "Reconcile", note, None);
     }
 }
 
@@ -489,6 +571,7 @@ pub fn error_policy(_pool: Arc<WorkerPool>, error: &Error, ctx: Arc<Context>) ->
 /// the stop of deleted pools' supervisors, and the orphan sweep. On the
 /// way out every supervisor detaches (its Pods stay for the next leader).
 pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
+    ctx.check_crd().await;
     let namespace = ctx.settings.namespace.clone();
     let pools: Api<WorkerPool> = Api::namespaced(ctx.client.clone(), &namespace);
     let controller = Controller::new(pools, watcher::Config::default().any_semantic());
@@ -515,6 +598,7 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
                 if store.wait_until_ready().await.is_err() {
                     return;
                 }
+                ctx.check_crd().await;
                 ctx.stop_deleted(&store);
                 if let Err(err) = sweep::sweep(&pods, &ctx.pool_bounds(&store)).await {
                     tracing::warn!(error = %err, "the orphan sweep failed; retrying");

@@ -6,6 +6,7 @@
 use crate::core::launcher::SandboxSpec;
 use crate::core::naming;
 use crate::kubernetes::crd::{AccessMode, PodOverrides, WorkerPool};
+use crate::kubernetes::validation;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
@@ -37,10 +38,20 @@ const DEFAULT_WORKSPACE_SIZE: &str = "1Gi";
 
 /// A pool spec that would weaken the sandbox, or cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("spec.{field}: {problem}")]
 pub struct InvalidPool {
+    /// Under `spec` (`pod.runAsUser`), or a `metadata.` path.
     pub field: String,
     pub problem: String,
+}
+
+impl std::fmt::Display for InvalidPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.field.starts_with("metadata.") {
+            write!(f, "{}: {}", self.field, self.problem)
+        } else {
+            write!(f, "spec.{}: {}", self.field, self.problem)
+        }
+    }
 }
 
 fn invalid(field: impl Into<String>, problem: impl Into<String>) -> InvalidPool {
@@ -50,12 +61,33 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> InvalidPool 
     }
 }
 
+/// The largest `activeDeadlineSeconds`, user and group id a Pod may have
+/// on Kubernetes 1.30–1.34 (the core validation's `math.MaxInt32`).
+pub const MAX_POD_INT: i64 = i32::MAX as i64;
+
 /// Refuses overrides that would weaken the hardening or spoof the labels
-/// the supervisor relies on.
+/// the supervisor relies on, and anything the API server would refuse in
+/// each of the pool's Pods (labels, names, numbers out of range), so a bad
+/// pool is refused once, not with a 422 on every item.
 pub fn validate(pool: &WorkerPool) -> Result<(), InvalidPool> {
     let spec = &pool.spec;
     if spec.environment_id.trim().is_empty() {
         return Err(invalid("environmentId", "must name the Environment"));
+    }
+    // Both are label values of every sandbox Pod and in the selectors the
+    // controller lists and watches them with.
+    validation::label_value(&spec.environment_id).map_err(|e| {
+        invalid(
+            "environmentId",
+            format!("is the label {}'s value: {e}", naming::LABEL_ENVIRONMENT_ID),
+        )
+    })?;
+    let name = pool.name_any();
+    if let Err(e) = validation::label_value(&name) {
+        return Err(InvalidPool {
+            field: "metadata.name".into(),
+            problem: format!("is the label {}'s value: {e}", naming::LABEL_POOL),
+        });
     }
     if spec.environment_key_secret.name.is_empty() {
         return Err(invalid(
@@ -67,21 +99,30 @@ pub fn validate(pool: &WorkerPool) -> Result<(), InvalidPool> {
         return Err(invalid("maxConcurrency", "must be 1 to 1000"));
     }
     if let Some(deadline) = spec.active_deadline_seconds {
-        if deadline < 30 {
-            return Err(invalid("activeDeadlineSeconds", "must be at least 30"));
+        if !(30..=MAX_POD_INT).contains(&deadline) {
+            return Err(invalid(
+                "activeDeadlineSeconds",
+                format!("must be 30 to {MAX_POD_INT}"),
+            ));
         }
+    }
+    if let Some(class) = &spec.runtime_class_name {
+        validation::dns1123_subdomain(class)
+            .map_err(|e| invalid("runtimeClassName", format!("names a RuntimeClass: {e}")))?;
     }
     check_overrides(&spec.pod)
 }
 
 fn check_overrides(pod: &PodOverrides) -> Result<(), InvalidPool> {
-    for key in pod.labels.keys() {
+    for (key, value) in &pod.labels {
         if key.starts_with("mango.dev/") || key == naming::LABEL_MANAGED_BY {
             return Err(invalid(
                 format!("pod.labels[{key}]"),
                 "is the supervisor's own label and cannot be set",
             ));
         }
+        validation::label(key, value)
+            .map_err(|e| invalid(format!("pod.labels[{key}]"), e.problem))?;
     }
     if pod.annotations.contains_key(ANNOTATION_HANDED_OFF) {
         return Err(invalid(
@@ -89,13 +130,31 @@ fn check_overrides(pod: &PodOverrides) -> Result<(), InvalidPool> {
             "is the supervisor's own annotation and cannot be set",
         ));
     }
+    validation::annotations(&pod.annotations).map_err(|e| invalid("pod.annotations", e))?;
     for (field, id) in [
         ("runAsUser", pod.run_as_user),
         ("runAsGroup", pod.run_as_group),
         ("fsGroup", pod.fs_group),
     ] {
-        if id.is_some_and(|id| id < 1) {
-            return Err(invalid(format!("pod.{field}"), "must not be root (0)"));
+        match id {
+            Some(id) if id < 1 => {
+                return Err(invalid(format!("pod.{field}"), "must not be root (0)"))
+            }
+            Some(id) if id > MAX_POD_INT => {
+                return Err(invalid(
+                    format!("pod.{field}"),
+                    format!("must be at most {MAX_POD_INT}"),
+                ))
+            }
+            _ => {}
+        }
+    }
+    for (field, name) in [
+        ("priorityClassName", &pod.priority_class_name),
+        ("serviceAccountName", &pod.service_account_name),
+    ] {
+        if let Some(name) = name {
+            validation::dns1123_subdomain(name).map_err(|e| invalid(format!("pod.{field}"), e))?;
         }
     }
     if pod.host_users == Some(true) {
@@ -389,6 +448,79 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
         }),
         status: None,
     }
+}
+
+/// The hardening fields the controller sets, as JSON pointers: into the
+/// Pod (`/spec/…`) or into its runner container (`/container/…`).
+const HARDENING: [&str; 25] = [
+    "/spec/hostUsers",
+    "/spec/automountServiceAccountToken",
+    "/spec/enableServiceLinks",
+    "/spec/hostNetwork",
+    "/spec/hostPID",
+    "/spec/hostIPC",
+    "/spec/shareProcessNamespace",
+    "/spec/restartPolicy",
+    "/spec/activeDeadlineSeconds",
+    "/spec/runtimeClassName",
+    "/spec/securityContext/runAsNonRoot",
+    "/spec/securityContext/runAsUser",
+    "/spec/securityContext/runAsGroup",
+    "/spec/securityContext/seccompProfile/type",
+    "/container/stdin",
+    "/container/stdinOnce",
+    "/container/securityContext/allowPrivilegeEscalation",
+    "/container/securityContext/privileged",
+    "/container/securityContext/readOnlyRootFilesystem",
+    "/container/securityContext/runAsNonRoot",
+    "/container/securityContext/runAsUser",
+    "/container/securityContext/capabilities/drop",
+    "/container/securityContext/seccompProfile/type",
+    // Quantities come back canonical ("0.5" as "500m"): their presence counts.
+    "/container/resources/limits/cpu",
+    "/container/resources/limits/memory",
+];
+
+/// The hardening fields of `sent` that `stored` (the API server's answer to
+/// the create: the object as stored) does not hold as sent, as paths
+/// (`spec.hostUsers`). An API server drops a field whose feature gate is
+/// off (`hostUsers` without `UserNamespacesSupport`, off by default before
+/// 1.33) without an error; a mutating webhook may change one.
+pub fn hardening_not_stored(sent: &Pod, stored: &Pod) -> Vec<String> {
+    let as_json = |pod: &Pod| serde_json::to_value(pod).unwrap_or_default();
+    let (sent, stored) = (as_json(sent), as_json(stored));
+    let runner = |pod: &serde_json::Value| {
+        pod["spec"]["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == CONTAINER))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (sent_runner, stored_runner) = (runner(&sent), runner(&stored));
+    HARDENING
+        .iter()
+        .filter_map(|path| {
+            let (want, got, shown) = match path.strip_prefix("/container") {
+                Some(rest) => (
+                    sent_runner.pointer(rest),
+                    stored_runner.pointer(rest),
+                    format!("spec.containers[{CONTAINER}]{}", rest.replace('/', ".")),
+                ),
+                None => (
+                    sent.pointer(path),
+                    stored.pointer(path),
+                    path[1..].replace('/', "."),
+                ),
+            };
+            let want = want.filter(|v| !v.is_null())?;
+            let kept = if path.contains("/resources/limits/") {
+                got.is_some_and(|v| !v.is_null())
+            } else {
+                got == Some(want)
+            };
+            (!kept).then_some(shown)
+        })
+        .collect()
 }
 
 #[cfg(test)]

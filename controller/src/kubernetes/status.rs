@@ -3,6 +3,7 @@
 
 use crate::core::metrics::Snapshot;
 use crate::kubernetes::crd::{QueueStatus, WorkerPoolStatus};
+use crate::kubernetes::launcher::HardeningChecked;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use mango_protocol::QueueStats;
 use std::time::{Duration, SystemTime};
@@ -27,6 +28,10 @@ pub enum Problem {
     KeyRefused(String),
     /// The key serves another Environment.
     WrongEnvironment(String),
+    /// The cluster serves an older WorkerPool CRD than this controller's.
+    CrdOutdated(String),
+    /// The WorkerPool CRD cannot be read, so its revision is unknown.
+    CrdUnreadable(String),
 }
 
 impl Problem {
@@ -38,12 +43,17 @@ impl Problem {
             Problem::NotAnEnvironmentKey => "NotAnEnvironmentKey",
             Problem::KeyRefused(_) => "KeyRefused",
             Problem::WrongEnvironment(_) => "WrongEnvironment",
+            Problem::CrdOutdated(_) => "CrdOutdated",
+            Problem::CrdUnreadable(_) => "CrdUnreadable",
         }
     }
 
     pub fn message(&self) -> String {
         match self {
-            Problem::InvalidSpec(m) | Problem::SecretMissing(m) => m.clone(),
+            Problem::InvalidSpec(m)
+            | Problem::SecretMissing(m)
+            | Problem::CrdOutdated(m)
+            | Problem::CrdUnreadable(m) => m.clone(),
             Problem::WorkspaceKey => "the Secret holds a Workspace key (mango_wsk_…); a pool takes an Environment key: `mango api-key create -workspace W -environment E -label L`".into(),
             Problem::NotAnEnvironmentKey => "the Secret does not hold an Environment key (mango_envk_…)".into(),
             Problem::KeyRefused(m) => format!("the api refused the Environment key (unknown or revoked): {m}"),
@@ -61,6 +71,8 @@ pub struct Observed {
     pub running: bool,
     pub snapshot: Option<Snapshot>,
     pub queue: Option<QueueStats>,
+    /// How the API server stored the latest sandbox Pod's hardening.
+    pub hardening: Option<HardeningChecked>,
     pub now: SystemTime,
 }
 
@@ -80,6 +92,17 @@ fn condition(
     observed: &Observed,
 ) -> Condition {
     let status = if status { "True" } else { "False" };
+    condition_of(previous, kind, status, reason, message, observed)
+}
+
+fn condition_of(
+    previous: &[Condition],
+    kind: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    observed: &Observed,
+) -> Condition {
     let since = previous
         .iter()
         .find(|c| c.type_ == kind && c.status == status)
@@ -223,7 +246,7 @@ pub fn status(previous: Option<&WorkerPoolStatus>, observed: &Observed) -> Worke
         ),
     };
     WorkerPoolStatus {
-        conditions: vec![ready, polling, degraded],
+        conditions: vec![ready, polling, degraded, hardened(before, observed)],
         live_items: snapshot.map_or(0, |s| s.live as u32),
         queue: observed.queue.as_ref().map(|q| QueueStatus {
             depth: q.depth,
@@ -237,6 +260,44 @@ pub fn status(previous: Option<&WorkerPoolStatus>, observed: &Observed) -> Worke
             .map(rfc3339)
             .or_else(|| previous.and_then(|p| p.last_successful_poll.clone())),
         observed_generation: observed.generation,
+    }
+}
+
+/// `Hardened`: whether the API server stored the latest sandbox Pod's
+/// hardening as the controller sent it.
+fn hardened(before: &[Condition], observed: &Observed) -> Condition {
+    match &observed.hardening {
+        None => condition_of(
+            before,
+            "Hardened",
+            "Unknown",
+            "NoPodYet",
+            "no sandbox Pod was created since the supervisor started".into(),
+            observed,
+        ),
+        Some(checked) if checked.not_stored.is_empty() => condition_of(
+            before,
+            "Hardened",
+            "True",
+            "AsRequested",
+            format!(
+                "the Kubernetes API stored the hardening of Pod {} as sent",
+                checked.pod
+            ),
+            observed,
+        ),
+        Some(checked) => condition_of(
+            before,
+            "Hardened",
+            "False",
+            "FieldsNotStored",
+            format!(
+                "the Kubernetes API did not store {} of Pod {} as sent (a feature gate that is off, such as UserNamespacesSupport for spec.hostUsers, or a mutating webhook): sandboxes run without it",
+                checked.not_stored.join(", "),
+                checked.pod
+            ),
+            observed,
+        ),
     }
 }
 

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, EnvVar, PodSpec, PodTemplateSpec, Secret, Service, ServiceAccount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -51,6 +51,8 @@ fn root() -> PathBuf {
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)]
 enum Object {
+    ClusterRole(ClusterRole),
+    ClusterRoleBinding(ClusterRoleBinding),
     ConfigMap(ConfigMap),
     Crd(CustomResourceDefinition),
     Deployment(Deployment),
@@ -83,6 +85,26 @@ struct Renders {
     production: Release,
     /// Every optional branch of the templates on.
     full: Release,
+    /// DNS as OpenShift serves it: its own namespace and Pods, port 5353.
+    openshift_dns: Release,
+    /// DNS from NodeLocal DNSCache, on a node-local address.
+    node_local_dns: Release,
+}
+
+fn openshift_dns() -> Value {
+    json!({"sandbox": {"networkPolicy": {"dns": {
+        "peers": [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+            "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}},
+        }],
+        "ports": [{"port": 5353, "protocol": "UDP"}, {"port": 5353, "protocol": "TCP"}],
+    }}}})
+}
+
+fn node_local_dns() -> Value {
+    json!({"sandbox": {"networkPolicy": {"dns": {
+        "peers": [{"ipBlock": {"cidr": "169.254.20.10/32"}}],
+    }}}})
 }
 
 /// The values of [`Renders::full`]: each optional value set, none a credential.
@@ -109,6 +131,7 @@ fn full_values() -> Value {
             "extraEnv": [{"name": "RUST_BACKTRACE", "value": "1"}],
             "podAnnotations": {"prometheus.io/scrape": "true"},
             "leaderElection": {"enabled": false, "leaseName": "other"},
+            "checkCrd": false,
         },
         "sandbox": {"image": {"repository": "registry.example.com/sandbox", "tag": "7"}},
         "pool": {
@@ -211,6 +234,8 @@ fn renders() -> Option<&'static Renders> {
                 &json!({}),
             ),
             full: render(&python, &[], &full_values()),
+            openshift_dns: render(&python, &[], &openshift_dns()),
+            node_local_dns: render(&python, &[], &node_local_dns()),
         })
     });
     match renders {
@@ -318,6 +343,12 @@ fn typed_object(source: &str, value: &Value) -> Object {
         ("rbac.authorization.k8s.io/v1", "Role") => Object::Role(strict(source, value)),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
             Object::RoleBinding(strict(source, value))
+        }
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
+            Object::ClusterRole(strict(source, value))
+        }
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            Object::ClusterRoleBinding(strict(source, value))
         }
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             Object::Crd(strict(source, value))
@@ -523,7 +554,10 @@ fn every_manifest_parses_strictly_as_its_type() {
         // Hooks would run outside the ordering this chart relies on.
         assert!(all_of!(release, Job).is_empty(), "{name}: no Job");
         for doc in &release.docs {
-            if !matches!(doc.object, Object::Crd(_)) {
+            if !matches!(
+                doc.object,
+                Object::Crd(_) | Object::ClusterRole(_) | Object::ClusterRoleBinding(_)
+            ) {
                 let meta = match &doc.object {
                     Object::WorkerPool(p) => p.metadata.namespace.clone(),
                     _ => serde_yaml::from_str::<Value>(&doc.yaml).unwrap()["metadata"]["namespace"]
@@ -601,25 +635,79 @@ fn sandboxes_are_default_deny_with_only_api_and_dns_egress() {
         assert_eq!(ports, [("TCP".to_string(), api_port)], "{name}");
 
         // To DNS: kube-system's kube-dns, port 53 over UDP and TCP.
-        let to_dns = peers_of(1);
-        assert_eq!(to_dns.len(), 1);
-        assert!(to_dns[0].ip_block.is_none());
-        let ns = to_dns[0].namespace_selector.as_ref().unwrap();
+        let (peers, ports) = dns_rule(policy);
+        assert_eq!(peers.len(), 1);
+        assert!(peers[0].ip_block.is_none());
+        let ns = peers[0].namespace_selector.as_ref().unwrap();
         assert!(selects(
             ns,
             &BTreeMap::from([("kubernetes.io/metadata.name".into(), "kube-system".into())])
         ));
         assert!(selects(
-            to_dns[0].pod_selector.as_ref().unwrap(),
+            peers[0].pod_selector.as_ref().unwrap(),
             &BTreeMap::from([("k8s-app".into(), "kube-dns".into())])
         ));
-        let dns_ports: BTreeSet<_> = egress[1].ports.iter().flatten().map(port).collect();
         assert_eq!(
-            dns_ports,
+            ports,
             BTreeSet::from([("TCP".to_string(), 53), ("UDP".to_string(), 53)]),
             "{name}"
         );
     }
+}
+
+/// The sandbox policy's DNS rule: its peers and (protocol, port)s.
+fn dns_rule(policy: &NetworkPolicy) -> (Vec<NetworkPolicyPeer>, BTreeSet<(String, i32)>) {
+    let egress = policy.spec.as_ref().unwrap().egress.as_ref().unwrap();
+    assert_eq!(egress.len(), 2, "the api and DNS, nothing more");
+    let rule = &egress[1];
+    (
+        rule.to.clone().unwrap_or_default(),
+        rule.ports.iter().flatten().map(port).collect(),
+    )
+}
+
+/// DNS is not kube-dns on port 53 everywhere: OpenShift answers from its
+/// own namespace on 5353, NodeLocal DNSCache on a node-local address. The
+/// peers and ports are values; the rule allows exactly them.
+#[test]
+fn the_sandboxes_dns_egress_follows_the_clusters_dns() {
+    let Some(r) = renders() else { return };
+    let policy = named!(r.openshift_dns, NetworkPolicy, "mango-sandbox");
+    let (peers, ports) = dns_rule(policy);
+    assert_eq!(peers.len(), 1);
+    assert!(selects(
+        peers[0].namespace_selector.as_ref().unwrap(),
+        &BTreeMap::from([("kubernetes.io/metadata.name".into(), "openshift-dns".into())])
+    ));
+    assert!(!selects(
+        peers[0].namespace_selector.as_ref().unwrap(),
+        &BTreeMap::from([("kubernetes.io/metadata.name".into(), "kube-system".into())])
+    ));
+    assert!(selects(
+        peers[0].pod_selector.as_ref().unwrap(),
+        &BTreeMap::from([(
+            "dns.operator.openshift.io/daemonset-dns".into(),
+            "default".into()
+        )])
+    ));
+    assert_eq!(
+        ports,
+        BTreeSet::from([("TCP".to_string(), 5353), ("UDP".to_string(), 5353)])
+    );
+
+    let policy = named!(r.node_local_dns, NetworkPolicy, "mango-sandbox");
+    let (peers, ports) = dns_rule(policy);
+    assert_eq!(peers.len(), 1);
+    assert_eq!(
+        peers[0].ip_block.as_ref().map(|b| b.cidr.as_str()),
+        Some("169.254.20.10/32")
+    );
+    assert!(peers[0].pod_selector.is_none() && peers[0].namespace_selector.is_none());
+    assert_eq!(
+        ports,
+        BTreeSet::from([("TCP".to_string(), 53), ("UDP".to_string(), 53)]),
+        "the default ports stay"
+    );
 }
 
 /// The controller's Role: exactly what `mango-worker kubernetes` needs, in
@@ -657,7 +745,7 @@ fn the_controller_role_grants_exactly_what_it_needs() {
             rule(
                 "coordination.k8s.io",
                 "leases",
-                &["get", "create", "update", "patch"],
+                &["get", "create", "update"],
                 &[],
             ),
             rule("", "secrets", &["get"], secret_names),
@@ -717,6 +805,67 @@ fn the_controller_role_grants_exactly_what_it_needs() {
             Some("mango-controller")
         );
     }
+}
+
+/// The controller's one cluster-scoped grant: `get` on the WorkerPool
+/// CRD, that object only, to refuse pools on an outdated CRD; none with
+/// `controller.checkCrd: false`, which also turns the check off.
+#[test]
+fn the_controller_may_read_the_workerpool_crd_and_nothing_else_cluster_wide() {
+    let Some(r) = renders() else { return };
+    for (name, release) in [("default", &r.default), ("production", &r.production)] {
+        let roles = all_of!(release, ClusterRole);
+        assert_eq!(roles.len(), 1, "{name}");
+        let role = roles[0];
+        let role_name = role.metadata.name.clone().unwrap();
+        assert_eq!(
+            role_name,
+            format!("mango-{NAMESPACE}-crd-reader"),
+            "{name}: unique per release"
+        );
+        let rules = role.rules.as_ref().unwrap();
+        assert_eq!(rules.len(), 1, "{name}");
+        assert_eq!(
+            rules[0].api_groups.as_deref(),
+            Some(&["apiextensions.k8s.io".to_string()][..])
+        );
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["customresourcedefinitions".to_string()][..])
+        );
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["workerpools.mango.dev".to_string()][..])
+        );
+        assert_eq!(rules[0].verbs, ["get"]);
+        let bindings = all_of!(release, ClusterRoleBinding);
+        assert_eq!(bindings.len(), 1, "{name}");
+        let binding = bindings[0];
+        assert_eq!(
+            (
+                binding.role_ref.kind.as_str(),
+                binding.role_ref.name.as_str()
+            ),
+            ("ClusterRole", role_name.as_str())
+        );
+        let subjects = binding.subjects.as_ref().unwrap();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(
+            (
+                subjects[0].kind.as_str(),
+                subjects[0].name.as_str(),
+                subjects[0].namespace.as_deref()
+            ),
+            ("ServiceAccount", "mango-controller", Some(NAMESPACE))
+        );
+        let c = &pod_spec(template(named!(release, Deployment, "mango-controller"))).containers[0];
+        assert_eq!(env_value(c, "MANGO_CHECK_CRD"), "true", "{name}");
+    }
+    assert!(
+        all_of!(r.full, ClusterRole).is_empty() && all_of!(r.full, ClusterRoleBinding).is_empty()
+    );
+    let c = &pod_spec(template(named!(r.full, Deployment, "mango-controller"))).containers[0];
+    assert_eq!(env_value(c, "MANGO_CHECK_CRD"), "false");
 }
 
 /// No key, token or password is a value of any manifest: credentials are

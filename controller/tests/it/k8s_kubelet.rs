@@ -14,7 +14,7 @@ use mango_controller::kubernetes::crd::{SecretKeyRef, WorkerPool, WorkerPoolSpec
 use mango_controller::kubernetes::launcher::PodLauncher;
 use mango_controller::kubernetes::pods::{PodFeed, PodStore};
 use mango_protocol::CheckStatus;
-use mango_testkit::kube_api::{Attached, FakeKubeApi};
+use mango_testkit::kube_api::{AttachEnd, Attached, FakeKubeApi};
 use mango_testkit::{ScriptedModel, TestApp};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -58,6 +58,8 @@ enum Node {
     Runs,
     /// The image cannot be pulled: the container waits in ErrImagePull.
     CannotPull,
+    /// `imagePullPolicy: Never` and no image on the node: ErrImageNeverPull.
+    NeverPulled,
     /// The container dies before anything attaches.
     DiesAtOnce,
 }
@@ -71,6 +73,10 @@ fn first_state(node: Node) -> Value {
             "name": "runner", "image": "mango-sandbox:missing", "imageID": "", "ready": false,
             "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull",
                 "message": "pull access denied for mango-sandbox:missing"}}}]}),
+        Node::NeverPulled => json!({"phase": "Pending", "containerStatuses": [{
+            "name": "runner", "image": "mango-sandbox:absent", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"waiting": {"reason": "ErrImageNeverPull",
+                "message": "Container image \"mango-sandbox:absent\" is not present with pull policy of Never"}}}]}),
         Node::DiesAtOnce => {
             json!({"phase": "Failed", "message": "OOMKilled", "containerStatuses": [{
             "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": false,
@@ -363,7 +369,7 @@ async fn a_sessions_second_activation_sees_the_files_of_its_first_on_its_pvc(db:
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_pod_that_cannot_start_or_dies_first_is_deleted_unattached(db: sqlx::PgPool) {
     let api = TestApp::start(db).await;
-    for node in [Node::CannotPull, Node::DiesAtOnce] {
+    for node in [Node::CannotPull, Node::NeverPulled, Node::DiesAtOnce] {
         let cluster = cluster_on(&api, node).await;
         let operator = mango_client::Client::new(&api.base, &api.ws_key);
         let check = operator.create_healthcheck(&api.env_id).await.unwrap();
@@ -452,4 +458,78 @@ async fn a_deleted_sessions_pvc_is_swept(db: sqlx::PgPool) {
     end_activation(&api, &kept).await;
     assert_eq!(cluster.running.shutdown().await, RunEnd::Shutdown);
     cluster.kubelet.abort();
+}
+
+/// From Kubernetes 1.30 the API server takes the attach's WebSocket before
+/// it reaches the kubelet, so a kubelet that cannot attach (the container
+/// gone, the node unreachable) shows only as a `Failure` status on the
+/// error channel, after the secret was written into the void. That is no
+/// hand-off: the Pod is deleted and never marked handed off (a new leader
+/// would adopt it as healthy), and the item is left to its lease. So is an
+/// attach that closes without saying how it ended, or says nothing within
+/// the bound.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_attach_that_does_not_end_in_success_hands_nothing_off(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    for end in [
+        AttachEnd::Failure {
+            reason: "InternalError".into(),
+            message: "error dialing backend: dial tcp 10.0.0.7:10250: connect: connection refused"
+                .into(),
+            code: 500,
+        },
+        AttachEnd::NoStatus,
+        AttachEnd::Silent,
+    ] {
+        let cluster = cluster_on(&api, Node::Runs).await;
+        cluster.fake.end_attaches(end.clone());
+        let operator = mango_client::Client::new(&api.base, &api.ws_key);
+        let check = operator.create_healthcheck(&api.env_id).await.unwrap();
+        let pod = format!("mango-{}-1", check.id.replace('_', "-"));
+        crate::support::until("the attach", Duration::from_secs(10), async || {
+            cluster
+                .fake
+                .requests()
+                .iter()
+                .any(|(_, u)| u.contains("/attach"))
+        })
+        .await;
+        // Silent: the status bound (10 s) runs out first.
+        crate::support::until(
+            "the Pod deleted",
+            mango_controller::kubernetes::launcher::ATTACH_STATUS_BOUND + Duration::from_secs(5),
+            async || cluster.fake.pods().is_empty(),
+        )
+        .await;
+        assert_eq!(
+            item_calls(&cluster.fake, &pod),
+            vec![
+                "POST /api/v1/namespaces/sandboxes/pods?".to_string(),
+                "GET /api/v1/namespaces/sandboxes/pods/{pod}/attach?&stdin=true&container=runner"
+                    .into(),
+                "DELETE /api/v1/namespaces/sandboxes/pods/{pod}?".into(),
+            ],
+            "{end:?}: no handed-off mark, the Pod deleted"
+        );
+        crate::support::until("the failure counted", Duration::from_secs(5), async || {
+            cluster
+                .running
+                .metrics
+                .render()
+                .contains("outcome=\"launch_failed\"} 1")
+        })
+        .await;
+        let work = operator.work(&api.env_id, &check.id).await.unwrap();
+        assert_ne!(
+            work.state,
+            mango_protocol::WorkState::Stopped,
+            "{end:?}: left to its lease"
+        );
+        cluster
+            .running
+            .stop(mango_controller::core::supervisor::Stop::Detach)
+            .await;
+        cluster.kubelet.abort();
+        api.stop_work(&check.id, true).await;
+    }
 }

@@ -291,3 +291,40 @@ async fn asking_a_pods_runner_to_stop_deletes_it_with_the_grace_and_removal_with
     asked.expect("a Pod already gone is asked");
     server.quiet(Duration::from_millis(200)).await;
 }
+
+/// The labels and selectors the launcher sends are checked first: a label
+/// value the API server would refuse (an Environment id longer than 63
+/// characters, from a pool the operator would not have started) fails the
+/// launch with what is wrong, and nothing is sent.
+#[tokio::test]
+async fn labels_the_api_server_would_refuse_are_never_sent() {
+    let (client, mut server) = kube_mock::client();
+    let (store, _feed) = PodStore::new();
+    let environment = format!("env_{}", "x".repeat(60));
+    let launcher = PodLauncher::new(client, pool_of(&environment), "mango-sandbox:test", store);
+    let item = ItemIdentity {
+        work_id: "work_1".into(),
+        claim: 1,
+        environment_id: environment.clone(),
+        work_type: mango_protocol::WorkType::Session,
+        session_id: Some("sesn_1".into()),
+    };
+    let spec = mango_controller::core::launcher::SandboxSpec {
+        name: "mango-work-1-1".into(),
+        labels: mango_controller::core::naming::labels(&item, "builders"),
+        env: vec![],
+        item,
+    };
+    let err = launcher.create(&spec).await.unwrap_err().to_string();
+    assert!(
+        err.contains("mango.dev/environment-id") && err.contains("no more than 63"),
+        "{err}"
+    );
+    let err = launcher
+        .workspaces(&environment)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("listing Session PVCs"), "{err}");
+    server.quiet(Duration::from_millis(300)).await;
+}

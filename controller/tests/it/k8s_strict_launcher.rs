@@ -32,7 +32,7 @@ async fn cluster(api: &TestApp, options: Options) -> Cluster {
     let client = k8s_strict::client(&fake).await;
     let (store, watch) = PodStore::watching(
         Api::<Pod>::namespaced(client.clone(), NS),
-        &pool_selector("builders"),
+        &pool_selector("builders").unwrap(),
     );
     let launcher = PodLauncher::new(client, pool, "mango-sandbox:test", store);
     let mut config = config(api, 2);
@@ -104,19 +104,55 @@ async fn a_healthcheck_succeeds_through_a_watched_pod_on_the_v5_protocol(db: sql
     healthcheck_on(&api, V5).await;
 }
 
+/// Kubernetes before 1.30 speaks only v4, which cannot close stdin without
+/// closing the whole attach, so no status ever confirms the secret arrived.
+/// Those versions are unsupported: the launcher must say so and never mark
+/// such a Pod handed off, or a new leader would adopt a runner that may
+/// still be waiting on stdin.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn a_healthcheck_succeeds_on_a_cluster_that_speaks_only_v4(db: sqlx::PgPool) {
+async fn a_cluster_that_speaks_only_v4_gets_no_unconfirmed_hand_off(db: sqlx::PgPool) {
     let api = TestApp::start(db).await;
-    healthcheck_on(&api, V4).await;
+    let cluster = cluster(
+        &api,
+        Options {
+            attach_protocols: vec![V4],
+            ..Options::default()
+        },
+    )
+    .await;
+    let operator = mango_client::Client::new(&api.base, &api.ws_key);
+    let check = operator.create_healthcheck(&api.env_id).await.unwrap();
+    let pod = format!("mango-{}-1", check.id.replace('_', "-"));
+    crate::support::until("the Pod deleted", Duration::from_secs(40), async || {
+        !cluster.attaches.lock().unwrap().is_empty()
+            && cluster
+                .fake
+                .pod(&pod)
+                .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await;
+    assert_eq!(cluster.attaches.lock().unwrap()[0].protocol, V4);
+    let calls = k8s_strict::pod_calls(&cluster.fake, &pod);
+    assert!(
+        !calls.iter().any(|c| c.starts_with("PATCH")),
+        "no handed-off mark without a confirming status: {calls:?}"
+    );
+    // Whether the runner read the line before the Pod went is a race: the
+    // lease decides what happens to the item, never an unconfirmed mark.
+    cluster
+        .running
+        .stop(mango_controller::core::supervisor::Stop::Detach)
+        .await;
+    cluster.kubelet.abort();
+    cluster.watch.abort();
 }
 
 /// Issue 24, defect 1: the apiserver accepted the WebSocket, and the
 /// kubelet failed behind it; the Failure on the error channel means the
 /// secret never arrived. The Pod must be deleted unmarked and the item
-/// left to its lease; today the launcher drops the status and marks the
-/// Pod handed off, so the runner waits on stdin until its lease expires.
+/// left to its lease: a launcher that dropped the status marked the Pod
+/// handed off, and the runner waited on stdin until its lease expired.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
-#[ignore = "controller defect (issue 24, defect 1): a Failure on the attach's error channel is recorded as a hand-off"]
 async fn a_failure_on_the_attach_error_channel_is_not_a_hand_off(db: sqlx::PgPool) {
     let api = TestApp::start(db).await;
     let cluster = cluster(&api, Options::default()).await;

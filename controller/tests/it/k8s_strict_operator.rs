@@ -19,6 +19,7 @@ pub fn settings(api: &TestApp, instance: &str) -> Settings {
         default_api_url: Some(api.base.clone()),
         default_sandbox_image: "mango-sandbox:test".into(),
         instance: instance.into(),
+        check_crd: true,
     }
 }
 
@@ -87,7 +88,6 @@ async fn the_operator_runs_a_pool_and_its_healthcheck_against_the_strict_fake(db
 /// watch's selector, which may be 63: a real apiserver refuses each Pod
 /// (422) and the watch (400). The pool must not report Ready.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
-#[ignore = "controller defect (issue 24, defect 2): a pool whose name cannot be a label value reports Ready"]
 async fn a_pool_whose_name_cannot_be_a_label_value_is_not_ready(db: sqlx::PgPool) {
     let api = TestApp::start(db).await;
     let fake = k8s_strict::fake_with(Options::default()).await;

@@ -8,6 +8,7 @@ mod faults;
 mod item;
 mod k8s_kubelet;
 mod k8s_launcher;
+mod k8s_leader;
 mod k8s_strict;
 mod k8s_strict_launcher;
 mod k8s_strict_leader;

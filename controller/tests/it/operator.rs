@@ -48,6 +48,7 @@ fn context(client: kube::Client, api: &TestApp) -> Arc<Context> {
             default_api_url: Some(api.base.clone()),
             default_sandbox_image: "mango-sandbox:test".into(),
             instance: "replica-0".into(),
+            check_crd: true,
         },
     )
 }
@@ -365,6 +366,7 @@ async fn an_unreachable_api_shows_as_degraded_with_an_event(db: sqlx::PgPool) {
             default_api_url: Some(format!("http://{closed}")),
             default_sandbox_image: "mango-sandbox:test".into(),
             instance: "replica-0".into(),
+            check_crd: true,
         },
     );
     let pool = pool(&api);
@@ -418,4 +420,379 @@ async fn an_unreachable_api_shows_as_degraded_with_an_event(db: sqlx::PgPool) {
         );
     }
     ctx.detach_all();
+}
+
+const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workerpools.mango.dev";
+
+/// The served WorkerPool CRD: the controller's own, at `revision` (`None`:
+/// from before the revision annotation).
+fn served_crd(revision: Option<&str>) -> Value {
+    use kube::CustomResourceExt;
+    let mut crd = serde_json::to_value(WorkerPool::crd()).unwrap();
+    match revision {
+        Some(r) => crd["metadata"]["annotations"]["mango.dev/schema"] = json!(r),
+        None => {
+            crd["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("annotations");
+        }
+    }
+    crd
+}
+
+/// Helm installs `crds/` once and never upgrades it: a controller built
+/// for a newer schema runs no pool on the old CRD (which would prune its
+/// fields and admit pools it refuses), says why on every pool, and reads
+/// no key. Once the CRD is current, the pool runs.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_crd_older_than_the_controller_stops_every_pool_until_it_is_applied(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let (client, server) = kube_mock::client();
+    let ctx = context(client, &api);
+    let pool = pool(&api);
+    let served = Arc::new(std::sync::Mutex::new(Some(served_crd(None))));
+    let base = answers(Some(secret_holding(&api.env_key)), &pool);
+    let mock = server.route({
+        let served = served.clone();
+        move |seen: &Seen| {
+            if seen.uri == CRD {
+                return Some(match served.lock().unwrap().clone() {
+                    Some(crd) => (200, crd),
+                    None => (
+                        403,
+                        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                               "reason": "Forbidden", "code": 403,
+                               "message": "customresourcedefinitions.apiextensions.k8s.io \"workerpools.mango.dev\" is forbidden"}),
+                    ),
+                });
+            }
+            base(seen)
+        }
+    });
+
+    ctx.check_crd().await;
+    operator::reconcile(pool.clone(), ctx.clone())
+        .await
+        .unwrap();
+    let patch = mock.until("status patch", |s| s.uri == STATUS).await;
+    let ready = condition(&patch.body, "Ready");
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("CrdOutdated"))
+    );
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("revision 1") && message.contains("kubectl apply --server-side"),
+        "{message}"
+    );
+    let event = mock
+        .until("Event", |s| {
+            s.uri == EVENTS && s.body["reason"] == "CrdOutdated"
+        })
+        .await;
+    assert_eq!(event.body["type"], "Warning");
+    assert!(
+        !mock.seen().iter().any(|s| s.uri.starts_with(SECRET)),
+        "no key is read for a pool that cannot run"
+    );
+    assert!(!ctx.render_metrics().contains("pool=\"builders\""));
+
+    // Unreadable (no ClusterRole): refused too, saying what to grant.
+    *served.lock().unwrap() = None;
+    ctx.check_crd().await;
+    operator::reconcile(pool.clone(), ctx.clone())
+        .await
+        .unwrap();
+    let last = mock.seen().into_iter().rfind(|s| s.uri == STATUS).unwrap();
+    let ready = condition(&last.body, "Ready");
+    assert_eq!(ready["reason"], "CrdUnreadable");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("MANGO_CHECK_CRD=false"),
+        "{ready}"
+    );
+
+    // Applied: the pool runs.
+    *served.lock().unwrap() = Some(served_crd(Some(
+        &mango_controller::kubernetes::crd::SCHEMA_REVISION.to_string(),
+    )));
+    ctx.check_crd().await;
+    operator::reconcile(pool.clone(), ctx.clone())
+        .await
+        .unwrap();
+    mock.until("the key read", |s| s.uri.starts_with(SECRET))
+        .await;
+    let last = mock.seen().into_iter().rfind(|s| s.uri == STATUS).unwrap();
+    assert_ne!(condition(&last.body, "Ready")["reason"], "CrdUnreadable");
+    ctx.detach_all();
+}
+
+/// A pool whose name or Environment id is no label value would have every
+/// Pod refused (422) and its watch refused (400) while it showed Ready: it
+/// is refused as an invalid spec, with an Event the API server accepts
+/// (the recorder would name it after a 253-character pool, too long).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pool_whose_labels_the_api_server_would_refuse_never_runs(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let long_name = format!(
+        "{}.{}.{}.{}",
+        "p".repeat(63),
+        "p".repeat(63),
+        "p".repeat(63),
+        "p".repeat(61)
+    );
+    assert_eq!(
+        long_name.len(),
+        253,
+        "the longest name a WorkerPool may have"
+    );
+    for (name, environment, field) in [
+        (long_name.as_str(), api.env_id.clone(), "metadata.name"),
+        (
+            "builders",
+            format!("{}-x", "e".repeat(63)),
+            "spec.environmentId",
+        ),
+    ] {
+        let (client, server) = kube_mock::client();
+        let ctx = context(client, &api);
+        let mut pool = (*pool(&api)).clone();
+        pool.metadata.name = Some(name.to_string());
+        pool.spec.environment_id = environment;
+        let pool = Arc::new(pool);
+        let status_uri = format!(
+            "/apis/mango.dev/v1alpha1/namespaces/sandboxes/workerpools/{name}/status?&force=true&fieldManager=mango-controller"
+        );
+        let stored = serde_json::to_value(&*pool).unwrap();
+        let base = answers(Some(secret_holding(&api.env_key)), &pool);
+        let mock = server.route({
+            let status_uri = status_uri.clone();
+            move |seen: &Seen| {
+                if seen.uri == status_uri {
+                    let mut answer = stored.clone();
+                    answer["status"] = seen.body["status"].clone();
+                    return Some((200, answer));
+                }
+                base(seen)
+            }
+        });
+        operator::reconcile(pool.clone(), ctx.clone())
+            .await
+            .unwrap();
+        let patch = mock.until("status patch", |s| s.uri == status_uri).await;
+        let ready = condition(&patch.body, "Ready");
+        assert_eq!(
+            (ready["status"].as_str(), ready["reason"].as_str()),
+            (Some("False"), Some("InvalidSpec")),
+            "{field}"
+        );
+        let message = ready["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(field) && message.contains("63"),
+            "{message}"
+        );
+        let event = mock
+            .until("Event", |s| {
+                s.uri == EVENTS && s.body["reason"] == "InvalidSpec"
+            })
+            .await;
+        let event_name = event.body["metadata"]["name"].as_str().unwrap();
+        mango_controller::kubernetes::validation::dns1123_subdomain(event_name)
+            .unwrap_or_else(|e| panic!("{field}: the Event's name {event_name}: {e}"));
+        assert_eq!(event.body["regarding"]["name"], name);
+        for seen in mock.seen() {
+            assert!(
+                !seen.uri.contains("/pods") && !seen.uri.starts_with(SECRET),
+                "{field}: nothing runs for the pool: {} {}",
+                seen.method,
+                seen.uri
+            );
+        }
+    }
+}
+
+/// An API server whose UserNamespacesSupport gate is off (the default
+/// before 1.33) drops `hostUsers: false` from each Pod without an error.
+/// The create's answer is the stored Pod: the controller compares it with
+/// what it sent and says so on the pool (condition `Hardened`, an Event
+/// about that Pod).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn hardening_the_api_server_dropped_shows_on_the_pool(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let operator_client = MangoClient::new(&api.base, &api.ws_key);
+    let (client, server) = kube_mock::client();
+    let ctx = context(client, &api);
+    let mut pool = (*pool(&api)).clone();
+    pool.spec.pod.host_users = Some(false);
+    pool.spec.start_timeout_seconds = Some(5);
+    let pool = Arc::new(pool);
+    let base = answers(Some(secret_holding(&api.env_key)), &pool);
+    let mock = server.route(move |seen: &Seen| {
+        if seen.method == Method::POST && seen.uri == "/api/v1/namespaces/sandboxes/pods?" {
+            let mut stored = seen.body.clone();
+            stored["spec"].as_object_mut().unwrap().remove("hostUsers");
+            stored["metadata"]["uid"] = json!("pod-uid");
+            stored["status"] = json!({"phase": "Pending"});
+            return Some((201, stored));
+        }
+        base(seen)
+    });
+    operator::reconcile(pool.clone(), ctx.clone())
+        .await
+        .unwrap();
+    let first = mock.until("status patch", |s| s.uri == STATUS).await;
+    assert_eq!(condition(&first.body, "Hardened")["status"], "Unknown");
+    let check = operator_client
+        .create_healthcheck(&api.env_id)
+        .await
+        .unwrap();
+    let created = mock
+        .until("the Pod's create", |s| {
+            s.method == Method::POST && s.uri == "/api/v1/namespaces/sandboxes/pods?"
+        })
+        .await;
+    assert_eq!(created.body["spec"]["hostUsers"], false, "it was asked for");
+    let pod_name = created.body["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let event = mock
+        .until("HardeningNotStored Event", |s| {
+            s.uri == EVENTS && s.body["reason"] == "HardeningNotStored"
+        })
+        .await;
+    assert_eq!(event.body["type"], "Warning");
+    assert_eq!(event.body["related"]["kind"], "Pod");
+    assert_eq!(event.body["related"]["name"], pod_name.as_str());
+    assert!(event.body["note"]
+        .as_str()
+        .unwrap()
+        .contains("spec.hostUsers"));
+    operator::reconcile(pool.clone(), ctx.clone())
+        .await
+        .unwrap();
+    let last = mock.seen().into_iter().rfind(|s| s.uri == STATUS).unwrap();
+    let hardened = condition(&last.body, "Hardened");
+    assert_eq!(
+        (hardened["status"].as_str(), hardened["reason"].as_str()),
+        (Some("False"), Some("FieldsNotStored"))
+    );
+    let message = hardened["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.hostUsers") && message.contains(&pod_name),
+        "{message}"
+    );
+    assert_eq!(
+        condition(&last.body, "Ready")["status"],
+        "True",
+        "it still launches"
+    );
+    ctx.detach_all();
+    api.stop_work(&check.id, true).await;
+}
+
+/// kube-runtime's recorder keeps one Event per (type, action, reason,
+/// reporter, regarding, related) for six minutes and only counts repeats.
+/// Each sandbox's Event names its Pod as `related`, so a second Pod's
+/// launch is an Event of its own with its own note, not a count on the
+/// first's; a repeat for the same Pod is counted. Notes are cut to the
+/// API server's 1,024 bytes, however wide their characters.
+#[tokio::test]
+async fn each_pods_events_are_its_own() {
+    use kube::runtime::events::{Recorder, Reporter};
+    use mango_controller::core::launcher::{ItemIdentity, Sandbox};
+    use mango_controller::core::observer::{Happening, Observer};
+    use mango_controller::kubernetes::events::PoolEvents;
+    let (client, server) = kube_mock::client();
+    let mock = server.route(|seen: &Seen| Some((201, seen.body.clone())));
+    let reporter = Reporter {
+        controller: "mango-controller".into(),
+        instance: Some("replica-0".into()),
+    };
+    let pool_ref = {
+        use kube::Resource;
+        let mut p = WorkerPool::new(
+            "builders",
+            serde_json::from_value(json!({
+            "environmentId": "env_1", "environmentKeySecret": {"name": "k"}}))
+            .unwrap(),
+        );
+        p.metadata.namespace = Some(NS.into());
+        p.object_ref(&())
+    };
+    let events = PoolEvents::new(
+        Recorder::new(client.clone(), reporter.clone()),
+        client,
+        reporter,
+        pool_ref,
+    );
+    let sandbox = |n: u32| Sandbox {
+        name: format!("mango-work-{n}-1"),
+        handle: format!("mango-work-{n}-1"),
+        item: ItemIdentity {
+            work_id: format!("work_{n}"),
+            claim: 1,
+            environment_id: "env_1".into(),
+            work_type: mango_protocol::WorkType::Healthcheck,
+            session_id: None,
+        },
+    };
+    let (a, b) = (sandbox(1), sandbox(2));
+    let published = |n: usize| {
+        let mock = &mock;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while mock
+                .seen()
+                .iter()
+                .filter(|s| s.uri.contains("/events"))
+                .count()
+                < n
+            {
+                assert!(std::time::Instant::now() < deadline, "{:?}", mock.seen());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            mock.seen()
+                .into_iter()
+                .filter(|s| s.uri.contains("/events"))
+                .collect::<Vec<_>>()
+        }
+    };
+    events.observe(Happening::Launched(&a));
+    published(1).await;
+    events.observe(Happening::Launched(&b));
+    let seen = published(2).await;
+    assert_eq!(
+        (seen[1].method.clone(), seen[1].uri.as_str()),
+        (Method::POST, EVENTS),
+        "a second Pod's Event is created, not counted on the first's"
+    );
+    for (event, sandbox) in seen.iter().zip([&a, &b]) {
+        assert_eq!(event.body["related"]["kind"], "Pod");
+        assert_eq!(event.body["related"]["name"], sandbox.name.as_str());
+        assert!(event.body["note"].as_str().unwrap().contains(&sandbox.name));
+    }
+    // The same Pod again: a repeat, counted on its own Event.
+    events.observe(Happening::Launched(&a));
+    let seen = published(3).await;
+    assert_eq!(seen[2].method, Method::PATCH);
+    assert!(seen[2]
+        .uri
+        .contains(seen[0].body["metadata"]["name"].as_str().unwrap()));
+    assert_eq!(seen[2].body["series"]["count"], 2);
+
+    // 600 three-byte characters: 1,800 bytes in fewer than 1,024 characters.
+    let wide = "€".repeat(600);
+    events.observe(Happening::LaunchFailed {
+        item: &sandbox(3).item,
+        error: &wide,
+    });
+    let seen = published(4).await;
+    let note = seen[3].body["note"].as_str().unwrap();
+    assert!(note.len() <= 1024, "{} bytes", note.len());
+    assert!(note.starts_with("work_3 (claim 1): €"));
+    assert_eq!(seen[3].body["related"]["name"], "mango-work-3-1");
 }

@@ -105,6 +105,9 @@ pub struct Options {
     pub garbage_collector: bool,
     /// The minor version `/version` reports.
     pub minor: u32,
+    /// CustomResourceDefinitions stored at the start: the WorkerPool CRD of
+    /// `crds/` by default; a test may install an older one, or none.
+    pub crds: Vec<Value>,
 }
 
 impl Default for Options {
@@ -125,6 +128,9 @@ impl Default for Options {
             attach_protocols: vec![V5, V4],
             garbage_collector: true,
             minor: 31,
+            crds: vec![
+                serde_yaml::from_str(schema::WORKER_POOL_CRD).expect("crds/workerpool.yaml parses")
+            ],
         }
     }
 }
@@ -200,6 +206,21 @@ impl ApiServer {
                     "metadata": {"name": namespace, "uid": uid, "creationTimestamp": now_rfc3339(),
                                  "labels": {"kubernetes.io/metadata.name": namespace}},
                     "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
+            );
+        }
+        for crd in &options.crds {
+            let mut crd = crd.clone();
+            let name = crd["metadata"]["name"]
+                .as_str()
+                .expect("a CRD has a name")
+                .to_string();
+            crd["metadata"]["uid"] = serde_json::json!(store.new_uid());
+            crd["metadata"]["creationTimestamp"] = serde_json::json!(now_rfc3339());
+            store.put(
+                store::table(&resources::CUSTOM_RESOURCE_DEFINITIONS),
+                "",
+                &name,
+                crd,
             );
         }
         let revision = store.revision();

@@ -144,8 +144,24 @@ pub const WORKER_POOLS: ResourceType = ResourceType {
     short_names: &["wp"],
 };
 
-pub const ALL: [ResourceType; 7] = [
+/// Cluster-scoped; the fake starts with the CRDs of `crds/` stored, as
+/// `helm install` leaves them (`Options::crds`).
+pub const CUSTOM_RESOURCE_DEFINITIONS: ResourceType = ResourceType {
+    group: "apiextensions.k8s.io",
+    version: "v1",
+    plural: "customresourcedefinitions",
+    singular: "customresourcedefinition",
+    kind: "CustomResourceDefinition",
+    namespaced: false,
+    name_rule: NameRule::Subdomain,
+    status: true,
+    builtin: true,
+    short_names: &["crd", "crds"],
+};
+
+pub const ALL: [ResourceType; 8] = [
     NAMESPACES,
+    CUSTOM_RESOURCE_DEFINITIONS,
     PODS,
     PVCS,
     SECRETS,

@@ -9,7 +9,7 @@
 use super::errors::FieldError;
 use serde_json::{json, Map, Value};
 
-const WORKER_POOL_CRD: &str = include_str!("../../../crds/workerpool.yaml");
+pub(crate) const WORKER_POOL_CRD: &str = include_str!("../../../crds/workerpool.yaml");
 
 pub struct Schemas {
     worker_pool: Value,

@@ -429,3 +429,228 @@ fn a_session_pvc_is_named_from_the_session_and_sized_by_the_pool() {
         Quantity("20Gi".into())
     );
 }
+
+/// What the API server would refuse in each of the pool's Pods (or in the
+/// selectors the controller lists them with) is refused once, in the pool,
+/// at the same edges as the API server's validation.
+#[test]
+fn what_the_api_server_would_refuse_in_every_pod_is_refused_in_the_pool() {
+    type Change = Box<dyn Fn(&mut WorkerPool)>;
+    let at_63 = "e".repeat(63);
+    let at_64 = "e".repeat(64);
+    let cases: Vec<(&str, Change, Option<&str>)> = vec![
+        (
+            "environmentId of 63",
+            Box::new({
+                let v = at_63.clone();
+                move |p| p.spec.environment_id = v.clone()
+            }),
+            None,
+        ),
+        (
+            "environmentId of 64",
+            Box::new({
+                let v = at_64.clone();
+                move |p| p.spec.environment_id = v.clone()
+            }),
+            Some("environmentId"),
+        ),
+        (
+            "environmentId with a space",
+            Box::new(|p| p.spec.environment_id = "env 1".into()),
+            Some("environmentId"),
+        ),
+        (
+            "environmentId ending in -",
+            Box::new(|p| p.spec.environment_id = "env-".into()),
+            Some("environmentId"),
+        ),
+        (
+            "a name of 63",
+            Box::new({
+                let v = at_63.clone();
+                move |p| p.metadata.name = Some(v.clone())
+            }),
+            None,
+        ),
+        (
+            "a name of 64",
+            Box::new({
+                let v = at_64.clone();
+                move |p| p.metadata.name = Some(v.clone())
+            }),
+            Some("metadata.name"),
+        ),
+        (
+            "activeDeadlineSeconds 30",
+            Box::new(|p| p.spec.active_deadline_seconds = Some(30)),
+            None,
+        ),
+        (
+            "activeDeadlineSeconds 29",
+            Box::new(|p| p.spec.active_deadline_seconds = Some(29)),
+            Some("activeDeadlineSeconds"),
+        ),
+        (
+            "activeDeadlineSeconds 2^31-1",
+            Box::new(|p| p.spec.active_deadline_seconds = Some(2147483647)),
+            None,
+        ),
+        (
+            "activeDeadlineSeconds 2^31",
+            Box::new(|p| p.spec.active_deadline_seconds = Some(2147483648)),
+            Some("activeDeadlineSeconds"),
+        ),
+        (
+            "runAsUser 2^31-1",
+            Box::new(|p| p.spec.pod.run_as_user = Some(2147483647)),
+            None,
+        ),
+        (
+            "runAsUser 2^31",
+            Box::new(|p| p.spec.pod.run_as_user = Some(2147483648)),
+            Some("pod.runAsUser"),
+        ),
+        (
+            "runAsGroup 2^31",
+            Box::new(|p| p.spec.pod.run_as_group = Some(2147483648)),
+            Some("pod.runAsGroup"),
+        ),
+        (
+            "fsGroup 2^31",
+            Box::new(|p| p.spec.pod.fs_group = Some(2147483648)),
+            Some("pod.fsGroup"),
+        ),
+        (
+            "a label value of 64",
+            Box::new({
+                let v = at_64.clone();
+                move |p| {
+                    p.spec.pod.labels.insert("team".into(), v.clone());
+                }
+            }),
+            Some("pod.labels[team]"),
+        ),
+        (
+            "a label key with a space",
+            Box::new(|p| {
+                p.spec.pod.labels.insert("my team".into(), "a".into());
+            }),
+            Some("pod.labels[my team]"),
+        ),
+        (
+            "an annotation key with a space",
+            Box::new(|p| {
+                p.spec.pod.annotations.insert("a b".into(), "x".into());
+            }),
+            Some("pod.annotations"),
+        ),
+        (
+            "annotations over 256 KiB",
+            Box::new(|p| {
+                p.spec
+                    .pod
+                    .annotations
+                    .insert("big".into(), "x".repeat(256 * 1024));
+            }),
+            Some("pod.annotations"),
+        ),
+        (
+            "a RuntimeClass in capitals",
+            Box::new(|p| p.spec.runtime_class_name = Some("Kata".into())),
+            Some("runtimeClassName"),
+        ),
+        (
+            "a PriorityClass with _",
+            Box::new(|p| p.spec.pod.priority_class_name = Some("low_prio".into())),
+            Some("pod.priorityClassName"),
+        ),
+        (
+            "a ServiceAccount with /",
+            Box::new(|p| p.spec.pod.service_account_name = Some("a/b".into())),
+            Some("pod.serviceAccountName"),
+        ),
+    ];
+    for (what, change, refused) in cases {
+        let mut pool = pool();
+        change(&mut pool);
+        match (validate(&pool), refused) {
+            (Ok(()), None) => {
+                // What passes builds Pods whose every label the API server takes.
+                let name = pool.metadata.name.clone().unwrap();
+                let mut spec = sandbox(Some("sesn_1"));
+                spec.labels = naming::labels(&spec.item, &name);
+                let pod = sandbox_pod(&pool, &spec, "img");
+                crate::kubernetes::validation::labels(pod.metadata.labels.as_ref().unwrap())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            }
+            (Err(err), Some(field)) => {
+                assert_eq!(err.field, field, "{what}: {err}");
+                let shown = err.to_string();
+                let prefix = if field.starts_with("metadata.") {
+                    format!("{field}: ")
+                } else {
+                    format!("spec.{field}: ")
+                };
+                assert!(shown.starts_with(&prefix), "{what}: {shown}");
+            }
+            (got, want) => panic!("{what}: got {got:?}, wanted a refusal of {want:?}"),
+        }
+    }
+}
+
+/// The create's answer is the stored Pod: a hardening field it does not
+/// hold as sent (a feature gate that is off drops `hostUsers`; a webhook
+/// may rewrite the security context) is named; canonical quantities and
+/// the API server's defaults are not.
+#[test]
+fn hardening_the_api_server_did_not_store_is_named() {
+    let mut pool = pool();
+    pool.spec.pod.host_users = Some(false);
+    pool.spec.resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([("cpu".into(), Quantity("0.5".into()))])),
+        ..Default::default()
+    });
+    let sent = sandbox_pod(&pool, &sandbox(Some("sesn_1")), "img");
+    let mut stored = serde_json::to_value(&sent).unwrap();
+    // What every API server does: defaults, canonical quantities, status.
+    stored["spec"]["dnsPolicy"] = "ClusterFirst".into();
+    stored["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "500m".into();
+    stored["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log".into();
+    stored["status"] = serde_json::json!({"phase": "Pending"});
+    let stored_pod: Pod = serde_json::from_value(stored.clone()).unwrap();
+    assert_eq!(
+        hardening_not_stored(&sent, &stored_pod),
+        Vec::<String>::new()
+    );
+
+    // The UserNamespacesSupport gate off, and a webhook's changes.
+    stored["spec"].as_object_mut().unwrap().remove("hostUsers");
+    stored["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = false.into();
+    stored["spec"]["containers"][0]["resources"]["limits"]
+        .as_object_mut()
+        .unwrap()
+        .remove("memory");
+    // A sidecar put first does not hide the runner.
+    let runner = stored["spec"]["containers"][0].clone();
+    stored["spec"]["containers"] =
+        serde_json::json!([{"name": "istio-proxy", "image": "proxy"}, runner]);
+    let stored_pod: Pod = serde_json::from_value(stored).unwrap();
+    assert_eq!(
+        hardening_not_stored(&sent, &stored_pod),
+        vec![
+            "spec.hostUsers".to_string(),
+            "spec.containers[runner].securityContext.readOnlyRootFilesystem".into(),
+            "spec.containers[runner].resources.limits.memory".into(),
+        ]
+    );
+    // A field the pool did not set is not expected back.
+    let plain = sandbox_pod(&pool_without_host_users(), &sandbox(None), "img");
+    assert!(hardening_not_stored(&plain, &plain).is_empty());
+}
+
+fn pool_without_host_users() -> WorkerPool {
+    let mut pool = pool();
+    pool.spec.pod.host_users = None;
+    pool
+}

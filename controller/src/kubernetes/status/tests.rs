@@ -23,6 +23,7 @@ fn observed(now: u64) -> Observed {
             oldest_queued_at: None,
             workers_polling: Some(1),
         }),
+        hardening: None,
         now: at(now),
     }
 }
@@ -31,10 +32,12 @@ fn get<'a>(status: &'a WorkerPoolStatus, kind: &str) -> &'a Condition {
     status.conditions.iter().find(|c| c.type_ == kind).unwrap()
 }
 
+/// Ready, Polling and Degraded (`Hardened` has a test of its own).
 fn summary(status: &WorkerPoolStatus) -> Vec<(String, String, String)> {
     status
         .conditions
         .iter()
+        .filter(|c| c.type_ != "Hardened")
         .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
         .collect()
 }
@@ -163,4 +166,59 @@ fn transition_times_move_only_when_a_status_changes() {
         status(Some(&later), &broken).last_successful_poll,
         later.last_successful_poll
     );
+}
+
+#[test]
+fn hardened_says_whether_the_api_server_stored_the_pods_hardening() {
+    let mut o = observed(100);
+    let hardened = |o: &Observed| {
+        let s = status(None, o);
+        let c = get(&s, "Hardened").clone();
+        (c.status, c.reason, c.message)
+    };
+    let (status_, reason, _) = hardened(&o);
+    assert_eq!((status_.as_str(), reason.as_str()), ("Unknown", "NoPodYet"));
+    o.hardening = Some(HardeningChecked {
+        pod: "mango-work-a-1".into(),
+        not_stored: vec![],
+    });
+    let (status_, reason, _) = hardened(&o);
+    assert_eq!((status_.as_str(), reason.as_str()), ("True", "AsRequested"));
+    o.hardening = Some(HardeningChecked {
+        pod: "mango-work-b-1".into(),
+        not_stored: vec!["spec.hostUsers".into()],
+    });
+    let (status_, reason, message) = hardened(&o);
+    assert_eq!(
+        (status_.as_str(), reason.as_str()),
+        ("False", "FieldsNotStored")
+    );
+    assert!(
+        message.contains("spec.hostUsers")
+            && message.contains("mango-work-b-1")
+            && message.contains("UserNamespacesSupport"),
+        "{message}"
+    );
+    // Readiness is not its business: the pool still launches.
+    assert_eq!(get(&status(None, &o), "Ready").status, "True");
+}
+
+#[test]
+fn a_crd_older_than_the_controller_stops_the_pool_with_its_reason() {
+    for (problem, reason) in [
+        (Problem::CrdOutdated("revision 1 < 2".into()), "CrdOutdated"),
+        (Problem::CrdUnreadable("403".into()), "CrdUnreadable"),
+    ] {
+        let mut o = observed(100);
+        o.problem = Some(problem);
+        let s = status(None, &o);
+        assert_eq!(
+            summary(&s),
+            [
+                triple("Ready", "False", reason),
+                triple("Polling", "False", "NotPolling"),
+                triple("Degraded", "True", reason)
+            ]
+        );
+    }
 }
