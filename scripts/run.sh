@@ -102,18 +102,12 @@ if [ ! -f "$STATE" ]; then
       -H 'Content-Type: application/json' -d '{"name":"local","config":{"type":"self_hosted"}}' | json '["id"]')"
   MANGO_ENVIRONMENT_KEY="$("$MANGO" api-key create -workspace wrkspc_default -environment "$MANGO_ENVIRONMENT_ID" \
       -label "make run supervisor" --json | json '["api_key"]')"
-  umask 077
-  cat >"$STATE" <<STATE_EOF
-MANGO_DEV_DATABASE_URL='$MANGO_DATABASE_URL'
-MANGO_BASE_URL='$BASE'
-MANGO_API_KEY='$MANGO_API_KEY'
-MANGO_ENVIRONMENT_ID='$MANGO_ENVIRONMENT_ID'
-MANGO_ENVIRONMENT_KEY='$MANGO_ENVIRONMENT_KEY'
-STATE_EOF
-  umask 022
+  scripts/dev-env.sh "$STATE" "$MANGO_DATABASE_URL" "$BASE" "$MANGO_API_KEY" "$MANGO_ENVIRONMENT_ID" "$MANGO_ENVIRONMENT_KEY"
   say "    credentials written to .mango/dev.env (shown nowhere else)"
 else
   say "==> reusing the Environment and keys in .mango/dev.env"
+  # Written again so a file from before it exported its variables does now.
+  scripts/dev-env.sh "$STATE" "$MANGO_DATABASE_URL" "$BASE" "$MANGO_API_KEY" "$MANGO_ENVIRONMENT_ID" "$MANGO_ENVIRONMENT_KEY"
 fi
 
 say "==> starting the supervisor"
@@ -153,6 +147,15 @@ fi
 # Where this run's supervisor serves its metrics (127.0.0.1:9464 unless
 # another process holds that port): its latest such log line.
 METRICS="$(grep -F '"serving /metrics and /healthz"' "$ROOT/.mango/worker.log" | tail -1 | json '["fields"]["addr"]' 2>/dev/null || true)"
+if [ -n "${MANGO_MODEL_BASE_URL:-}" ]; then
+  MODEL_NOTE="  The agent loop's model: $MANGO_MODEL_BASE_URL (MANGO_MODEL_BASE_URL)."
+elif [ -n "${ANTHROPIC_API_KEY:-}" ]; then
+  MODEL_NOTE="  The agent loop's model: the Anthropic API, with ANTHROPIC_API_KEY."
+else
+  MODEL_NOTE="  No model is configured, so each Session's input gets a session.error saying so: restart
+  make run with ANTHROPIC_API_KEY set (or MANGO_MODEL_BASE_URL and MANGO_MODEL_API_KEY for
+  another Messages-API endpoint). .venv comes from scripts/venv.sh."
+fi
 cat >&2 <<EOF_HELP
 
 healthcheck $CHECK_ID: succeeded
@@ -164,5 +167,9 @@ Mango is serving on $BASE  (Environment $MANGO_ENVIRONMENT_ID), with mango-worke
   docker ps --filter label=app.kubernetes.io/managed-by=mango-worker     # the live sandboxes (Docker)
   curl -s http://${METRICS:-127.0.0.1:9464}/metrics | grep mango_supervisor_             # the supervisor's metrics
 Logs: .mango/api.log, .mango/worker.log.  Press Ctrl-C to stop.
+
+A first Session, with the official SDK (in another shell):
+  source .mango/dev.env && .venv/bin/python examples/quickstart.py "run ls"
+$MODEL_NOTE
 EOF_HELP
 wait "$SERVER"

@@ -38,5 +38,5 @@ step "Rust unit and PostgreSQL integration tests"
 cargo test --workspace
 
 step "Official Python SDK compatibility tests"
-cargo build -q -p mango-api --bin mango
+cargo build -q -p mango-api --bin mango -p mango-controller --bin mango-worker -p mango-runner --bin mango-runner
 MANGO_BIN="$PWD/target/debug/mango" .venv/bin/pytest compat/python -q -p no:cacheprovider
