@@ -137,7 +137,13 @@ fn error_index(kind: SessionErrorType) -> usize {
 /// leaves the gauges out (and says so in a comment), not the counters.
 pub async fn render(metrics: &Metrics, db: &sqlx::PgPool) -> String {
     let mut out = metrics.render();
-    match crate::store::gauges::live_work(db).await {
+    let live = crate::store::gauges::live_work(db).await;
+    let _ = writeln!(
+        out,
+        "# HELP mango_api_database_up Whether the database answered this scrape's queries (the api is ready).\n# TYPE mango_api_database_up gauge\nmango_api_database_up {}",
+        u8::from(live.is_ok())
+    );
+    match live {
         Ok(rows) => render_work(&mut out, &rows),
         Err(err) => {
             tracing::warn!(error = %err, "metrics: reading the queue's gauges failed");

@@ -42,6 +42,7 @@ async fn the_queue_gauges_follow_the_work_by_environment_and_state(db: sqlx::PgP
         "no Work, no series"
     );
     assert!(text.contains("# TYPE mango_work_queue_depth gauge"));
+    assert_eq!(sample(&text, "mango_api_database_up"), Some(1.0));
 
     let first = app.create_check().await;
     app.create_check().await;
@@ -158,4 +159,16 @@ async fn model_calls_are_timed_and_their_failures_counted_by_type(db: sqlx::PgPo
     );
     assert!(!text.contains("sk-metrics-model-key"));
     assert!(!text.contains(&s), "no Session id is a label");
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_database_that_does_not_answer_shows_as_not_up_and_keeps_the_counters(db: sqlx::PgPool) {
+    let app = TestApp::start(db).await;
+    app.create_check().await;
+    // Every connection of the api's pool refused from now on.
+    app.ctx.db.close().await;
+    let text = scrape(&app).await;
+    assert_eq!(sample(&text, "mango_api_database_up"), Some(0.0), "{text}");
+    assert!(sample(&text, "mango_work_claims_total").is_some());
+    assert!(text.contains("# the queue's gauges are missing"));
 }
