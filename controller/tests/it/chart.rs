@@ -1262,7 +1262,10 @@ fn the_trial_postgresql_is_single_and_guarded() {
     assert_eq!(volume.secret_name.as_deref(), Some("mango-postgresql"));
     assert_eq!(volume.default_mode, Some(0o440));
     let items = volume.items.as_ref().unwrap();
-    assert_eq!((items[0].key.as_str(), items[0].path.as_str()), ("password", "password"));
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("password", "password")
+    );
     let claims = spec.volume_claim_templates.as_ref().unwrap();
     assert_eq!(claims[0].metadata.name.as_deref(), Some("data"));
 
