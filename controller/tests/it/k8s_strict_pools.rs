@@ -1,8 +1,9 @@
-//! Pools the operator must not run, against the strict fake API server
-//! over HTTP: each one's status (server-side apply) and Warning Event are
-//! admitted as a real apiserver admits them, its condition names the
-//! reason, and no Pod is made. Ported from the tower-test mocks of
-//! `operator.rs`, where nothing checked that the apiserver takes them.
+//! Pools with a problem, against the strict fake API server over HTTP:
+//! those the operator must not run (each one's status by server-side
+//! apply and its Warning Event admitted as a real apiserver admits them,
+//! the condition naming the reason, no Pod made), and one whose Pods the
+//! apiserver stores without a hardening field. Ported from the tower-test
+//! mocks of `operator.rs`, where the test wrote the apiserver's answers.
 
 use crate::k8s_strict::{self, NS};
 use crate::k8s_strict_operator::{condition, settings};
@@ -112,4 +113,86 @@ async fn a_crd_older_than_the_controllers_stops_the_pool(db: sqlx::PgPool) {
             .any(|(m, u)| m == "GET" && u.contains("/secrets/")),
         "no key is read for a pool that cannot run"
     );
+}
+
+/// Issue 24, defect 8, where a real apiserver decides it: with the
+/// `UserNamespacesSupport` gate off (the default on 1.30 to 1.32) the
+/// strict fake drops `hostUsers: false` from the stored Pod as such an
+/// apiserver does, and the pool says so (`Hardened=False`, an Event about
+/// that Pod) while it still launches; with the gate on, it is kept.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does_not(
+    db: sqlx::PgPool,
+) {
+    let api = TestApp::start(db).await;
+    for (gates, want) in [
+        (vec![], ("False", "FieldsNotStored")),
+        (
+            vec!["UserNamespacesSupport".to_string()],
+            ("True", "AsRequested"),
+        ),
+    ] {
+        let fake = k8s_strict::fake_with(Options {
+            feature_gates: gates.clone(),
+            ..Options::default()
+        })
+        .await;
+        fake.create(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "pool-key", "namespace": NS},
+            "stringData": {"environment-key": api.env_key}}))
+            .unwrap();
+        fake.create(
+            json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+            "metadata": {"name": "builders", "namespace": NS},
+            "spec": {"environmentId": api.env_id, "environmentKeySecret": {"name": "pool-key"},
+                     "startTimeoutSeconds": 5, "pod": {"hostUsers": false}}}),
+        )
+        .unwrap();
+        let ctx = Context::new(k8s_strict::client(&fake).await, settings(&api, "replica-0"));
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(operator::run(ctx.clone(), stop.clone()));
+        crate::support::until("the pool Ready", Duration::from_secs(30), async || {
+            condition(&fake, "builders", "Ready").is_some_and(|c| c["status"] == "True")
+        })
+        .await;
+        let check = mango_client::Client::new(&api.base, &api.ws_key)
+            .create_healthcheck(&api.env_id)
+            .await
+            .unwrap();
+        crate::support::until("Hardened decided", Duration::from_secs(40), async || {
+            condition(&fake, "builders", "Hardened").is_some_and(|c| c["status"] != "Unknown")
+        })
+        .await;
+        let hardened = condition(&fake, "builders", "Hardened").unwrap();
+        assert_eq!(
+            (hardened["status"].as_str(), hardened["reason"].as_str()),
+            (Some(want.0), Some(want.1)),
+            "gates {gates:?}: {hardened}"
+        );
+        let dropped_events = fake
+            .names("events", NS)
+            .iter()
+            .filter_map(|e| fake.object("events", NS, e))
+            .filter(|e| e["reason"] == "HardeningNotStored")
+            .count();
+        if want.0 == "False" {
+            assert!(hardened["message"]
+                .as_str()
+                .unwrap()
+                .contains("spec.hostUsers"));
+            crate::support::until("the Event", Duration::from_secs(10), async || {
+                fake.names("events", NS).iter().any(|e| {
+                    fake.object("events", NS, e).is_some_and(|e| {
+                        e["reason"] == "HardeningNotStored" && e["related"]["kind"] == "Pod"
+                    })
+                })
+            })
+            .await;
+        } else {
+            assert_eq!(dropped_events, 0, "nothing was dropped");
+        }
+        stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
+        api.stop_work(&check.id, true).await;
+    }
 }
