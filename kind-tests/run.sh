@@ -15,7 +15,11 @@
 #      api-key create …`, an Environment over HTTP, the pool's Secret with
 #      `kubectl create secret generic`, a WorkerPool;
 #   5. a healthcheck to `succeeded`;
-#   6. a Session activated twice: a file written into /workspace in the
+#   6. a Session activated twice, its turns played by a scripted model
+#      (kind-tests/model/model.py, run from a ConfigMap; the api's model
+#      settings are the chart's api.model values, its key from a Secret),
+#      which asks for one bash call per turn: the call's result reaches the
+#      model and each turn ends; a file written into /workspace in the
 #      first activation's Pod is read back in the second's, from the same
 #      PVC; inside a sandbox (on the worker), the api answers, and neither
 #      PostgreSQL nor the Kubernetes API on the control-plane node does (the
@@ -39,6 +43,8 @@
 #   MANGO_E2E_SKIP_BUILD=1        use mango-{api,controller,sandbox}:e2e as they are
 #   MANGO_E2E_NAMESPACE           the namespace (default mango-e2e-<random>)
 #   MANGO_E2E_KEEP=1              keep the namespace (and a cluster this run made)
+#   MANGO_E2E_MODEL_IMAGE         the scripted model's image (default python:3.12-slim:
+#                                 any image with python3 on its PATH)
 #   MANGO_E2E_CHECK_NETWORK=0     skip the in-sandbox reachability checks (a CNI
 #                                 that does not enforce NetworkPolicy; kind ≥ 0.24 does)
 set -euo pipefail
@@ -173,10 +179,75 @@ NS_MADE=1
 kubectl label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
   pod-security.kubernetes.io/enforce-version=latest >/dev/null
 
+# --- The scripted model ---------------------------------------------------------
+# The api's model endpoint, as a Deployment of its own: the api answers a
+# model-less Session's input with session.error, so the Sessions below need one.
+MODEL_IMAGE="${MANGO_E2E_MODEL_IMAGE:-python:3.12-slim}"
+MODEL_KEY="e2e-model-key-$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+say "the scripted model ($MODEL_IMAGE, kind-tests/model/model.py)"
+printf '%s' "$MODEL_KEY" | kubectl -n "$NS" create secret generic e2e-model --from-file=api-key=/dev/stdin >/dev/null
+kubectl -n "$NS" create configmap e2e-model --from-file=model.py="$ROOT/kind-tests/model/model.py" >/dev/null
+kubectl -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: e2e-model
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app.kubernetes.io/name: e2e-model}
+  template:
+    metadata:
+      labels: {app.kubernetes.io/name: e2e-model}
+    spec:
+      automountServiceAccountToken: false
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65534
+        runAsGroup: 65534
+        seccompProfile: {type: RuntimeDefault}
+      containers:
+        - name: model
+          image: $MODEL_IMAGE
+          imagePullPolicy: IfNotPresent
+          command: ["python3", "-B", "/model/model.py"]
+          env:
+            - name: MODEL_API_KEY
+              valueFrom:
+                secretKeyRef: {name: e2e-model, key: api-key}
+          ports:
+            - {name: http, containerPort: 8080, protocol: TCP}
+          readinessProbe:
+            httpGet: {path: /, port: http}
+            periodSeconds: 2
+          securityContext:
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {drop: [ALL]}
+          resources:
+            requests: {cpu: 10m, memory: 32Mi}
+            limits: {cpu: 200m, memory: 64Mi}
+          volumeMounts:
+            - {name: script, mountPath: /model, readOnly: true}
+      volumes:
+        - name: script
+          configMap: {name: e2e-model}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: e2e-model
+spec:
+  selector: {app.kubernetes.io/name: e2e-model}
+  ports:
+    - {name: http, port: 8080, targetPort: http, protocol: TCP}
+EOF
+
 # --- helm install -------------------------------------------------------------
 cat >"$WORK/values.yaml" <<EOF
 api:
   image: {repository: "${IMG_API%:*}", tag: "$TAG", pullPolicy: $PULL}
+  model: {baseUrl: "http://e2e-model.$NS.svc:8080", existingSecret: e2e-model, existingSecretKey: api-key}
 controller:
   image: {repository: "${IMG_CONTROLLER%:*}", tag: "$TAG", pullPolicy: $PULL}
   logLevel: "info,mango_controller=debug"
@@ -199,6 +270,7 @@ EOF
 fi
 kubectl -n "$NS" rollout status "deploy/$FULLNAME-api" --timeout=5m >&2
 kubectl -n "$NS" rollout status "deploy/$FULLNAME-controller" --timeout=5m >&2
+kubectl -n "$NS" rollout status deploy/e2e-model --timeout=5m >&2
 
 # The api from here, through the Service.
 kubectl -n "$NS" port-forward "svc/$FULLNAME-api" "$API_LOCAL_PORT:8080" >"$WORK/port-forward.log" 2>&1 &
@@ -244,7 +316,7 @@ kubectl -n "$NS" get workerpools >&2
 
 # --- Checks ---------------------------------------------------------------------
 # The Work secret's start: base64 of {"sessions_token":"mango_st_…
-SECRET_MARKS=(mango_st_ mango_wsk_ mango_envk_ eyJzZXNzaW9uc190b2tlbiI "$WSK" "$ENVK")
+SECRET_MARKS=(mango_st_ mango_wsk_ mango_envk_ eyJzZXNzaW9uc190b2tlbiI "$WSK" "$ENVK" "$MODEL_KEY")
 no_secret_in() { # WHAT, text on stdin
   local text
   text="$(cat)"
@@ -324,7 +396,7 @@ while [ -n "$(kubectl -n "$NS" get pods -l "mango.dev/work-id=$CHECK" -o name)" 
 done
 
 say "a Session, first activation"
-AGENT="$(call POST /v1/agents '{"name":"e2e","model":"e2e-model"}' | json "d['id']")"
+AGENT="$(call POST /v1/agents '{"name":"e2e","model":"e2e-model","tools":[{"type":"agent_toolset_20260401"}]}' | json "d['id']")"
 SESSION="$(call POST /v1/sessions "{\"agent\":\"$AGENT\",\"environment_id\":\"$ENV_ID\"}" | json "d['id']")"
 say_to_session() {
   call POST "/v1/sessions/$SESSION/events" \
@@ -344,6 +416,27 @@ print(live[0] if live else "")
     [ -n "$id" ] || sleep 1
   done
   printf '%s\n' "$id"
+}
+turns_done() { # N: wait until N turns ended (end_turn), each after the model's bash call came back
+  local deadline=$((SECONDS + 90)) got=""
+  while :; do
+    got="$(call GET "/v1/sessions/$SESSION/events?limit=1000" | python3 -c '
+import json, sys
+events = json.load(sys.stdin)["data"]
+errors = [e for e in events if e["type"] == "session.error"]
+assert not errors, f"session.error: {errors}"
+ended = [e for e in events if e["type"] == "session.status_idle" and e["stop_reason"]["type"] == "end_turn"]
+results = [e for e in events if e["type"] == "user.tool_result" and "e2e-model-bash-ok" in json.dumps(e["content"])]
+print(min(len(ended), len(results)))
+' 2>&1)" || fail "the Session's turn failed: $got"
+    [ "$got" -ge "$1" ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || fail "turn $1 did not end with the model's bash result within 90 s ($got ended)"
+    sleep 1
+  done
+}
+stop_work() { # WORK_ID: a forced Stop, unless the runner ended it already (60 s after its turn)
+  call POST "/v1/environments/$ENV_ID/work/$1/stop" '{"force":true}' >/dev/null 2>&1 \
+    || [ "$(work_state "$1")" = stopped ] || fail "could not stop work $1"
 }
 pvc_uid() { kubectl -n "$NS" get pvc -l "mango.dev/session-id=$SESSION" -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}'; }
 in_sandbox() { local pod="$1"; shift; kubectl -n "$NS" exec "$pod" -c runner -- "$@"; }
@@ -376,8 +469,10 @@ if [ "${MANGO_E2E_CHECK_NETWORK:-1}" = 1 ]; then
   fi
 fi
 
+say "the first turn: the model's bash call ran in the sandbox and its result ended the turn"
+turns_done 1
 say "ending the first activation (forced Stop)"
-call POST "/v1/environments/$ENV_ID/work/$WORK1/stop" '{"force":true}' >/dev/null
+stop_work "$WORK1"
 until_stopped "$WORK1" 30
 until_gone "$POD1" 60 "the first activation's Stop"
 [ "$(pvc_uid)" = "$PVC1" ] || fail "the Session's PVC did not outlive its activation"
@@ -393,7 +488,8 @@ check_pod "$POD2" "$WORK2" "$SESSION"
 GOT="$(in_sandbox "$POD2" cat /workspace/e2e.txt)"
 [ "$GOT" = "$MARK" ] || fail "the second activation read '$GOT' from /workspace, not the first's '$MARK'"
 [ "$(pvc_uid)" = "$PVC1" ] || fail "the second activation got another PVC"
-call POST "/v1/environments/$ENV_ID/work/$WORK2/stop" '{"force":true}' >/dev/null
+turns_done 2
+stop_work "$WORK2"
 until_stopped "$WORK2" 30
 until_gone "$POD2" 60 "the second activation's Stop"
 [ "$(pvc_uid)" = "$PVC1" ] || fail "the Session's PVC went with its second activation"
@@ -412,4 +508,4 @@ READY="$(kubectl -n "$NS" get workerpool "$POOL" -o jsonpath='{.status.condition
 [ "$READY" = True ] || fail "WorkerPool $POOL is not Ready at the end ($READY)"
 kubectl -n "$NS" get workerpools,pvc >&2
 
-echo "kind-tests: PASSED (healthcheck, two Session activations on one PVC, no secret in the Pod spec, Secrets, Events or logs)"
+echo "kind-tests: PASSED (healthcheck, two Session activations on one PVC with a model's bash call each, no secret in the Pod spec, Secrets, Events or logs)"

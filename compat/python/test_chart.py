@@ -61,7 +61,7 @@ def test_default_values_render_a_trial_release() -> None:
             "ClusterRoleBinding": 1,
             "CustomResourceDefinition": 1,
             "Deployment": 2,
-            "NetworkPolicy": 2,
+            "NetworkPolicy": 4,
             "Role": 1,
             "RoleBinding": 1,
             "Secret": 1,
@@ -105,7 +105,7 @@ def test_production_values_render_no_secret_and_no_bundled_database() -> None:
     objs = objects(PRODUCTION)
     counted = kinds(objs)
     assert counted["Secret"] == 0 and counted["StatefulSet"] == 0, counted
-    assert counted["NetworkPolicy"] == 1, "the sandboxes' only (no bundled PostgreSQL to guard)"
+    assert counted["NetworkPolicy"] == 3, "the api's, the controller's, the sandboxes' (no bundled PostgreSQL to guard)"
     pool = one(objs, "WorkerPool", "builders")
     assert pool["spec"]["runtimeClassName"] == "gvisor"
     assert pool["spec"]["apiUrl"] == "http://mango-api.mango.svc:8080"
@@ -270,6 +270,9 @@ def test_the_values_schema_covers_every_value_and_refuses_typos() -> None:
             ({"sandbox": {"networkPolicy": {"dns": {"peers": [{}]}}}}, "/sandbox/networkPolicy/dns/peers/0"),
             ({"sandbox": {"networkPolicy": {"dns": {"peers": [{"ipBlock": {}}]}}}}, "/sandbox/networkPolicy/dns/peers/0/ipBlock"),
             ({"sandbox": {"networkPolicy": {"dns": {"podSelector": {}}}}}, "'podSelector' not allowed"),
+            ({"api": {"image": {"digest": "sha256:abc"}}}, "/api/image/digest"),
+            ({"sandbox": {"image": {"digest": "latest"}}}, "/sandbox/image/digest"),
+            ({"api": {"networkPolicy": {"from": [{}]}}}, "/api/networkPolicy/from/0"),
         ]:
             with pytest.raises(helm_python.HelmError) as err:
                 render(bad)
@@ -312,3 +315,37 @@ def test_the_sandboxes_dns_egress_is_where_the_cluster_answers(dns: Dict[str, An
     rule = sandbox_dns({"sandbox": {"networkPolicy": {"dns": dns}}})
     assert rule["to"] == peers
     assert rule["ports"] == ports
+
+
+def test_the_api_and_controller_admit_ingress_on_their_one_port_only() -> None:
+    objs = objects(DEFAULT)
+    for name, component, port in [("mango-api", "api", 8080), ("mango-controller", "controller", 9464)]:
+        policy = one(objs, "NetworkPolicy", name)["spec"]
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        assert policy["policyTypes"] == ["Ingress"], "egress stays open"
+        assert policy["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}]}]
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objs = objects({"controller": {"networkPolicy": {"metricsFrom": peers}}, "api": {"networkPolicy": {"enabled": False}}})
+    assert one(objs, "NetworkPolicy", "mango-controller")["spec"]["ingress"][0]["from"] == peers
+    assert not [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "mango-api"]
+
+
+def test_an_image_digest_pins_every_image() -> None:
+    digest = "sha256:" + "ab" * 32
+    values = {part: {"image": {"digest": digest}} for part in ("api", "controller", "postgresql", "sandbox")}
+    objs = objects(values)
+    images = [
+        c["image"]
+        for o in objs
+        if o["kind"] in ("Deployment", "StatefulSet")
+        for c in o["spec"]["template"]["spec"].get("initContainers", []) + o["spec"]["template"]["spec"]["containers"]
+    ]
+    assert sorted(set(images)) == sorted(
+        {f"mango-api@{digest}", f"mango-controller@{digest}", f"postgres@{digest}"}
+    ), images
+    controller = one(objs, "Deployment", "mango-controller")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in controller["env"]}
+    assert env["MANGO_DEFAULT_SANDBOX_IMAGE"] == f"mango-sandbox@{digest}"
+    assert one(objects(DEFAULT), "Deployment", "mango-api")["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ] == "mango-api:0.1.0", "a tag by default"

@@ -130,6 +130,10 @@ fn main() -> ExitCode {
                 Ok(supervise(common, config, launcher).await)
             })
         }
+        Command::Kubernetes(mango_controller::kubernetes::cli::KubernetesArgs {
+            command: Some(mango_controller::kubernetes::cli::KubernetesCommand::Render(args)),
+            ..
+        }) => mango_controller::kubernetes::render::run(args),
         Command::Kubernetes(args) => {
             init_logging();
             block_on(async move {

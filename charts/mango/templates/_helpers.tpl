@@ -44,8 +44,13 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* repository:tag, or repository@digest when `image.digest` is set (a digest names one image, whatever the tag). */}}
 {{- define "mango.image" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The api as the cluster reaches it: its Service's DNS name. */}}

@@ -2,6 +2,7 @@
 //! item, from creation to removal. The supervisor core decides when; a
 //! launcher (`docker`, `local`, and next `kubernetes`) only knows how.
 
+use crate::core::naming;
 use crate::core::secret::Secret;
 use mango_protocol::WorkType;
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ pub struct ItemIdentity {
 /// Everything a launcher needs to make one item's sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
-    /// Unique per Work id and claim ([`crate::core::naming::sandbox_name`]):
+    /// Unique per Work id and claim ([`naming::sandbox_name`]):
     /// a second create for the same claim conflicts.
     pub name: String,
     pub item: ItemIdentity,
@@ -31,6 +32,18 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
     /// The runner's environment: identity only, never a credential.
     pub env: Vec<(String, String)>,
+}
+
+impl SandboxSpec {
+    /// The sandbox of `item` in `pool`, whose runner reaches the api at `base_url`.
+    pub fn for_item(item: &ItemIdentity, pool: &str, base_url: &str) -> SandboxSpec {
+        SandboxSpec {
+            name: naming::sandbox_name(&item.work_id, item.claim),
+            item: item.clone(),
+            labels: naming::labels(item, pool),
+            env: naming::runner_env(item, base_url),
+        }
+    }
 }
 
 /// A sandbox a launcher made or found.

@@ -12,7 +12,6 @@ use crate::core::launcher::{
     Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
 };
 use crate::core::metrics::{Metrics, Outcome};
-use crate::core::naming;
 use crate::core::observer::{Happening, Observer, Quiet};
 use crate::core::secret::Secret;
 use crate::core::stages::{Stage, Stamps};
@@ -442,12 +441,7 @@ impl<L: Launcher> Shared<L> {
             return Err(format!("ack failed: {err}"));
         }
         stamps.mark(Stage::Acked);
-        let spec = SandboxSpec {
-            name: naming::sandbox_name(work_id, item.claim),
-            item: item.clone(),
-            labels: naming::labels(item, &self.config.pool),
-            env: naming::runner_env(item, &self.config.sandbox_base_url),
-        };
+        let spec = SandboxSpec::for_item(item, &self.config.pool, &self.config.sandbox_base_url);
         let created =
             tokio::time::timeout(self.config.request_bound, self.launcher.create(&spec)).await;
         let sandbox = match created {

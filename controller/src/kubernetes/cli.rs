@@ -17,7 +17,11 @@ const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/servicea
 
 /// The operator's flags (each also an environment variable, as the chart sets them).
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct KubernetesArgs {
+    /// Without one: run the operator.
+    #[command(subcommand)]
+    pub command: Option<KubernetesCommand>,
     /// The namespace whose WorkerPools this controller serves (default: its
     /// own ServiceAccount's namespace, else the kubeconfig's).
     #[arg(long, env = "MANGO_NAMESPACE")]
@@ -46,6 +50,14 @@ pub struct KubernetesArgs {
     /// this controller's (needs `get` on the CRD: the chart's ClusterRole).
     #[arg(long, env = "MANGO_CHECK_CRD", default_value_t = true, action = clap::ArgAction::Set)]
     pub check_crd: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum KubernetesCommand {
+    /// Print, as YAML, the PVC, Pod and Event the controller would create
+    /// for a sample item of a WorkerPool file, after checking the pool as
+    /// the cluster and the operator do. No cluster needed.
+    Render(crate::kubernetes::render::RenderArgs),
 }
 
 /// Runs the operator until `shutdown`; errors are printed for people.

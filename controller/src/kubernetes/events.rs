@@ -94,13 +94,7 @@ impl PoolEvents {
         note: String,
         related: Option<ObjectReference>,
     ) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(truncate_note(&note)),
-            action: action.into(),
-            secondary: related,
-        };
+        let event = event(type_, reason, action, &note, related);
         let this = self.clone();
         tokio::spawn(async move {
             let published = if this.recorder_can_name() {
@@ -125,44 +119,75 @@ impl PoolEvents {
     /// pools whose name does not leave room for the recorder's suffix
     /// (such a pool is refused, and this Event says why).
     async fn create_named(&self, event: &Event) -> Result<(), kube::Error> {
-        let now = jiff::Timestamp::now();
-        let base = self.pool.name.as_deref().unwrap_or("workerpool");
-        let keep = DNS1123_SUBDOMAIN_MAX - NAME_SUFFIX_MAX;
-        let base = base[..keep.min(base.len())].trim_end_matches(['.', '-']);
-        let namespace = self
-            .pool
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let object = KubeEvent {
-            metadata: ObjectMeta {
-                name: Some(format!("{base}.{:x}", now.as_nanosecond())),
-                namespace: Some(namespace.clone()),
-                ..Default::default()
-            },
-            action: Some(event.action.clone()),
-            reason: Some(event.reason.clone()),
-            note: event.note.clone(),
-            event_time: Some(MicroTime(now)),
-            regarding: Some(self.pool.clone()),
-            related: event.secondary.clone(),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            type_: Some(match event.type_ {
-                EventType::Normal => "Normal".into(),
-                EventType::Warning => "Warning".into(),
-            }),
-            ..Default::default()
-        };
+        let object = event_object(&self.pool, &self.reporter, event, jiff::Timestamp::now());
+        let namespace = object.metadata.namespace.clone().unwrap_or_default();
         Api::<KubeEvent>::namespaced(self.client.clone(), &namespace)
             .create(&PostParams::default(), &object)
             .await
             .map(|_| ())
+    }
+}
+
+/// What the recorder is given for one Event, its note cut to what the API
+/// server takes.
+pub fn event(
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+    related: Option<ObjectReference>,
+) -> Event {
+    Event {
+        type_,
+        reason: reason.into(),
+        note: Some(truncate_note(note)),
+        action: action.into(),
+        secondary: related,
+    }
+}
+
+/// The `events.k8s.io/v1` Event the recorder creates for `event` about
+/// `regarding` at `now` (kube-runtime's `generate_event`), named
+/// `<regarding name>.<nanoseconds in hex>` with the name cut where it
+/// would not fit a DNS-1123 subdomain.
+pub fn event_object(
+    regarding: &ObjectReference,
+    reporter: &Reporter,
+    event: &Event,
+    now: jiff::Timestamp,
+) -> KubeEvent {
+    let base = regarding.name.as_deref().unwrap_or(&reporter.controller);
+    let keep = DNS1123_SUBDOMAIN_MAX - NAME_SUFFIX_MAX;
+    let base = base[..keep.min(base.len())].trim_end_matches(['.', '-']);
+    KubeEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{base}.{:x}", now.as_nanosecond())),
+            namespace: Some(
+                regarding
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+            ),
+            ..Default::default()
+        },
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        note: event.note.clone(),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        related: event.secondary.clone(),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        type_: Some(match event.type_ {
+            EventType::Normal => "Normal".into(),
+            EventType::Warning => "Warning".into(),
+        }),
+        ..Default::default()
     }
 }
 

@@ -127,6 +127,35 @@ fn invalid_label(what: &str, err: InvalidLabel) -> LaunchError {
     ))
 }
 
+/// The Pod `create` sends for `spec` (`default_image` when the pool names
+/// none), refused before any request when the API server would refuse its
+/// labels.
+pub fn pod_manifest(
+    pool: &WorkerPool,
+    spec: &SandboxSpec,
+    default_image: &str,
+) -> Result<Pod, LaunchError> {
+    let manifest = pod::sandbox_pod(pool, spec, default_image);
+    if let Some(labels) = &manifest.metadata.labels {
+        validation::labels(labels).map_err(|e| invalid_label(&format!("Pod {}", spec.name), e))?;
+    }
+    Ok(manifest)
+}
+
+/// The PVC made for Session `session_id` when it has none, refused as
+/// [`pod_manifest`] is.
+pub fn pvc_manifest(
+    pool: &WorkerPool,
+    session_id: &str,
+) -> Result<PersistentVolumeClaim, LaunchError> {
+    let claim = pod::session_pvc(pool, session_id);
+    if let Some(labels) = &claim.metadata.labels {
+        validation::labels(labels)
+            .map_err(|e| invalid_label(&format!("PVC {}", pod::pvc_name(session_id)), e))?;
+    }
+    Ok(claim)
+}
+
 /// How an attach's error channel said it ended, for people.
 fn describe(status: &Status) -> String {
     let mut out = status
@@ -210,10 +239,7 @@ impl PodLauncher {
     /// kept as it is, whoever made it).
     async fn ensure_pvc(&self, session_id: &str) -> Result<(), LaunchError> {
         let name = pod::pvc_name(session_id);
-        let claim = pod::session_pvc(&self.pool, session_id);
-        if let Some(labels) = &claim.metadata.labels {
-            validation::labels(labels).map_err(|e| invalid_label(&format!("PVC {name}"), e))?;
-        }
+        let claim = pvc_manifest(&self.pool, session_id)?;
         let existing = self
             .pvcs
             .get_opt(&name)
@@ -342,11 +368,7 @@ impl Launcher for PodLauncher {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
-        let manifest = pod::sandbox_pod(&self.pool, spec, &self.default_image);
-        if let Some(labels) = &manifest.metadata.labels {
-            validation::labels(labels)
-                .map_err(|e| invalid_label(&format!("Pod {}", spec.name), e))?;
-        }
+        let manifest = pod_manifest(&self.pool, spec, &self.default_image)?;
         if let Some(session) = &spec.item.session_id {
             self.ensure_pvc(session).await?;
         }

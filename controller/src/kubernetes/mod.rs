@@ -10,6 +10,7 @@ pub mod leader;
 pub mod operator;
 pub mod pod;
 pub mod pods;
+pub mod render;
 pub mod status;
 pub mod sweep;
 pub mod validation;

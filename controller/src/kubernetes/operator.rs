@@ -330,16 +330,26 @@ async fn read_key(ctx: &Context, pool: &WorkerPool) -> Result<Secret, Problem> {
     Ok(Secret::new(value))
 }
 
-fn api_url(ctx: &Context, pool: &WorkerPool) -> Result<String, Problem> {
+/// The api as the controller reaches it for `pool`: its `spec.apiUrl`,
+/// else the controller's `--default-api-url`.
+pub fn api_url(pool: &WorkerPool, default_api_url: Option<&str>) -> Result<String, Problem> {
     pool.spec
         .api_url
         .clone()
-        .or_else(|| ctx.settings.default_api_url.clone())
+        .or_else(|| default_api_url.map(str::to_string))
         .ok_or_else(|| {
             Problem::InvalidSpec(
                 "spec.apiUrl is not set and the controller has no --default-api-url".into(),
             )
         })
+}
+
+/// The api as `pool`'s sandboxes reach it: `spec.sandboxApiUrl`, else `api`.
+pub fn sandbox_api_url(pool: &WorkerPool, api: &str) -> String {
+    pool.spec
+        .sandbox_api_url
+        .clone()
+        .unwrap_or_else(|| api.to_string())
 }
 
 /// Starts pool `pool`'s supervisor for `fit`, detaching one that no longer fits.
@@ -364,11 +374,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     )
     .with_events(ctx.events(pool));
     let hardening = launcher.hardening();
-    let sandbox_api = pool
-        .spec
-        .sandbox_api_url
-        .clone()
-        .unwrap_or_else(|| api.clone());
+    let sandbox_api = sandbox_api_url(pool, &api);
     let mut config = Config::new(&pool.spec.environment_id, &sandbox_api);
     config.pool = name.clone();
     config.max_concurrency = pool.spec.max_concurrency as usize;
@@ -487,7 +493,7 @@ async fn usable(ctx: &Context, pool: &WorkerPool) -> Result<(Secret, String), Pr
         return Err(problem);
     }
     pod::validate(pool).map_err(|e| Problem::InvalidSpec(e.to_string()))?;
-    let api = api_url(ctx, pool)?;
+    let api = api_url(pool, ctx.settings.default_api_url.as_deref())?;
     let key = read_key(ctx, pool).await?;
     Ok((key, api))
 }

@@ -1233,10 +1233,38 @@ fn the_trial_postgresql_is_single_and_guarded() {
     let spec = set.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(1));
     assert_eq!(spec.service_name.as_deref(), Some("mango-postgresql"));
-    let c = &spec.template.spec.as_ref().unwrap().containers[0];
+    let pod = spec.template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    // The password is a file of the mounted Secret, not an environment variable.
+    assert!(c
+        .env
+        .iter()
+        .flatten()
+        .all(|e| e.name != "POSTGRES_PASSWORD"));
     assert_eq!(
-        secret_ref(c, "POSTGRES_PASSWORD"),
-        ("mango-postgresql".to_string(), "password".to_string())
+        env_value(c, "POSTGRES_PASSWORD_FILE"),
+        "/run/secrets/postgresql/password"
+    );
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/run/secrets/postgresql")
+        .expect("the password's mount");
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .and_then(|v| v.secret.as_ref())
+        .expect("a Secret volume");
+    assert_eq!(volume.secret_name.as_deref(), Some("mango-postgresql"));
+    assert_eq!(volume.default_mode, Some(0o440));
+    let items = volume.items.as_ref().unwrap();
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("password", "password")
     );
     let claims = spec.volume_claim_templates.as_ref().unwrap();
     assert_eq!(claims[0].metadata.name.as_deref(), Some("data"));

@@ -1,17 +1,23 @@
-//! Leader election against the fake API server over HTTP, whose Leases
-//! are guarded by `resourceVersion` as a real API server guards them (a
-//! stale replace is 409): standbys racing for an expired Lease, a leader
-//! cut off from the API, a leader that releases on shutdown. At every
-//! instant (sampled each 2 ms) at most one live replica believes it leads.
+//! Leader election over HTTP against a fake API server whose Leases are
+//! guarded by `resourceVersion` as a real API server guards them (a stale
+//! replace is 409): standbys racing for an expired Lease and a leader that
+//! releases on shutdown against the strict fake (testkit's `apiserver`);
+//! a leader cut off from the API against the lenient one (`kube_api`),
+//! the only fake that can cut one client off. At every instant (sampled
+//! each 2 ms) at most one live replica believes it leads.
 
 use k8s_openapi::api::coordination::v1::Lease;
 use mango_controller::kubernetes::leader::{elect, Elector, Timing};
+use mango_testkit::apiserver::ApiServer;
 use mango_testkit::kube_api::FakeKubeApi;
+use serde_json::Value;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "mango-controller";
+/// A namespace the strict fake has from its start.
+const NS: &str = "sandboxes";
 const FAST: Timing = Timing {
     lease: Duration::from_millis(1200),
     renew_deadline: Duration::from_millis(800),
@@ -26,12 +32,12 @@ struct Replica {
     alive: bool,
 }
 
-fn replica(fake: &FakeKubeApi, identity: &str, timing: Timing) -> Replica {
-    let mut config = kube::Config::new(fake.url.parse().unwrap());
-    config.default_namespace = "mango".into();
+fn replica(url: &str, identity: &str, timing: Timing) -> Replica {
+    let mut config = kube::Config::new(url.parse().unwrap());
+    config.default_namespace = NS.into();
     let client = kube::Client::try_from(config).unwrap();
     let elector = Elector::new(
-        kube::Api::<Lease>::namespaced(client, "mango"),
+        kube::Api::<Lease>::namespaced(client, NS),
         LEASE,
         identity,
         timing,
@@ -91,23 +97,27 @@ async fn watch_until(
     }
 }
 
-fn holder(fake: &FakeKubeApi) -> String {
-    fake.lease(LEASE).unwrap()["spec"]["holderIdentity"]
+fn holder(lease: Option<Value>) -> String {
+    lease.unwrap()["spec"]["holderIdentity"]
         .as_str()
         .unwrap_or_default()
         .to_string()
 }
 
+fn strict_lease(fake: &ApiServer) -> Option<Value> {
+    fake.object("leases", NS, LEASE)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn standbys_racing_for_an_expired_lease_never_both_lead() {
-    let fake = FakeKubeApi::start().await;
-    let mut replicas = vec![replica(&fake, "r0", FAST)];
+    let fake = ApiServer::start().await;
+    let mut replicas = vec![replica(&fake.url, "r0", FAST)];
     watch_until(&replicas, Duration::from_secs(5), "a first leader", |r| {
         r[0].leads()
     })
     .await;
-    replicas.push(replica(&fake, "r1", FAST));
-    replicas.push(replica(&fake, "r2", FAST));
+    replicas.push(replica(&fake.url, "r1", FAST));
+    replicas.push(replica(&fake.url, "r2", FAST));
     // Standbys stay standbys while the leader renews.
     let steady = Instant::now();
     while steady.elapsed() < FAST.lease * 2 {
@@ -116,8 +126,12 @@ async fn standbys_racing_for_an_expired_lease_never_both_lead() {
     }
     for (round, next) in (0..5).zip(3..) {
         let leader = replicas.iter().position(|r| r.leads()).unwrap();
-        assert_eq!(holder(&fake), replicas[leader].identity, "round {round}");
-        let transitions = fake.lease(LEASE).unwrap()["spec"]["leaseTransitions"]
+        assert_eq!(
+            holder(strict_lease(&fake)),
+            replicas[leader].identity,
+            "round {round}"
+        );
+        let transitions = strict_lease(&fake).unwrap()["spec"]["leaseTransitions"]
             .as_i64()
             .unwrap();
         replicas[leader].crash();
@@ -134,16 +148,16 @@ async fn standbys_racing_for_an_expired_lease_never_both_lead() {
         );
         let now = leaders(&replicas).remove(0);
         assert_eq!(
-            holder(&fake),
+            holder(strict_lease(&fake)),
             now,
             "round {round}: the Lease names the leader"
         );
-        let after = fake.lease(LEASE).unwrap()["spec"]["leaseTransitions"]
+        let after = strict_lease(&fake).unwrap()["spec"]["leaseTransitions"]
             .as_i64()
             .unwrap();
         assert_eq!(after, transitions + 1, "round {round}: one transition");
         // Keep two standbys racing.
-        replicas.push(replica(&fake, &format!("r{next}"), FAST));
+        replicas.push(replica(&fake.url, &format!("r{next}"), FAST));
         // A while of the new leader's term, still one leader.
         let term = Instant::now();
         while term.elapsed() < FAST.renew_deadline {
@@ -165,13 +179,13 @@ async fn standbys_racing_for_an_expired_lease_never_both_lead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_cut_off_from_the_api_stops_before_another_takes_over() {
     let fake = FakeKubeApi::start().await;
-    let mut replicas = vec![replica(&fake, "a", FAST)];
+    let mut replicas = vec![replica(&fake.url, "a", FAST)];
     watch_until(&replicas, Duration::from_secs(5), "a leading", |r| {
         r[0].leads()
     })
     .await;
-    replicas.push(replica(&fake, "b", FAST));
-    replicas.push(replica(&fake, "c", FAST));
+    replicas.push(replica(&fake.url, "b", FAST));
+    replicas.push(replica(&fake.url, "c", FAST));
     tokio::time::sleep(FAST.lease).await;
     fake.cut_off(Some("a"));
     let stepped_down = watch_until(&replicas, FAST.lease * 2, "a stepping down", |r| {
@@ -209,19 +223,19 @@ async fn a_released_lease_is_taken_without_waiting_for_it_to_expire() {
         renew_deadline: Duration::from_secs(4),
         retry: Duration::from_millis(100),
     };
-    let fake = FakeKubeApi::start().await;
-    let mut replicas = vec![replica(&fake, "a", slow)];
+    let fake = ApiServer::start().await;
+    let mut replicas = vec![replica(&fake.url, "a", slow)];
     watch_until(&replicas, Duration::from_secs(5), "a leading", |r| {
         r[0].leads()
     })
     .await;
-    replicas.push(replica(&fake, "b", slow));
+    replicas.push(replica(&fake.url, "b", slow));
     tokio::time::sleep(Duration::from_millis(500)).await;
     replicas[0].release.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(5), &mut replicas[0].task).await;
     assert!(stopped.is_ok(), "a ends once released");
     replicas[0].alive = false;
-    assert_eq!(holder(&fake), "", "released: no holder");
+    assert_eq!(holder(strict_lease(&fake)), "", "released: no holder");
     let took = watch_until(&replicas, slow.lease, "b taking the released Lease", |r| {
         r[1].leads()
     })

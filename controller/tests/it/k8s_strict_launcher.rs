@@ -17,16 +17,25 @@ use mango_testkit::TestApp;
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Cluster {
-    fake: Arc<ApiServer>,
-    running: Running,
-    kubelet: tokio::task::JoinHandle<()>,
-    watch: tokio::task::JoinHandle<()>,
-    attaches: Attaches,
+pub struct Cluster {
+    pub fake: Arc<ApiServer>,
+    pub running: Running,
+    pub kubelet: tokio::task::JoinHandle<()>,
+    pub watch: tokio::task::JoinHandle<()>,
+    pub attaches: Attaches,
     _volumes: tempfile::TempDir,
 }
 
 async fn cluster(api: &TestApp, options: Options) -> Cluster {
+    cluster_with(api, options, |_| {}).await
+}
+
+/// A supervisor of pool `builders` on the Pod launcher, with `tweak` applied to its config.
+pub async fn cluster_with(
+    api: &TestApp,
+    options: Options,
+    tweak: impl FnOnce(&mut mango_controller::core::config::Config),
+) -> Cluster {
     let fake = k8s_strict::fake_with(options).await;
     let pool = k8s_strict::make_pool(&fake, api, "builders", &api.env_key);
     let client = k8s_strict::client(&fake).await;
@@ -37,6 +46,7 @@ async fn cluster(api: &TestApp, options: Options) -> Cluster {
     let launcher = PodLauncher::new(client, pool, "mango-sandbox:test", store);
     let mut config = config(api, 2);
     config.pool = "builders".into();
+    tweak(&mut config);
     let volumes = tempfile::tempdir().unwrap();
     let attaches = Attaches::default();
     let kubelet = k8s_strict::kubelet(fake.clone(), volumes.path().to_path_buf(), attaches.clone());

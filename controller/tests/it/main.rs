@@ -13,6 +13,8 @@ mod k8s_strict;
 mod k8s_strict_launcher;
 mod k8s_strict_leader;
 mod k8s_strict_operator;
+mod k8s_strict_pools;
+mod k8s_strict_workspace;
 mod kube_mock;
 mod local;
 mod operator;

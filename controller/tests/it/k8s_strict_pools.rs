@@ -1,0 +1,198 @@
+//! Pools with a problem, against the strict fake API server over HTTP:
+//! those the operator must not run (each one's status by server-side
+//! apply and its Warning Event admitted as a real apiserver admits them,
+//! the condition naming the reason, no Pod made), and one whose Pods the
+//! apiserver stores without a hardening field. Ported from the tower-test
+//! mocks of `operator.rs`, where the test wrote the apiserver's answers.
+
+use crate::k8s_strict::{self, NS};
+use crate::k8s_strict_operator::{condition, settings};
+use kube::CustomResourceExt;
+use mango_controller::kubernetes::crd::{WorkerPool, SCHEMA_ANNOTATION};
+use mango_controller::kubernetes::operator::{self, Context};
+use mango_testkit::apiserver::{ApiServer, Options};
+use mango_testkit::TestApp;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Runs the operator until pool `name` shows a Ready condition; that condition.
+async fn ready_of(fake: &Arc<ApiServer>, api: &TestApp, name: &str) -> Value {
+    let ctx = Context::new(k8s_strict::client(fake).await, settings(api, "replica-0"));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(operator::run(ctx.clone(), stop.clone()));
+    crate::support::until("a Ready condition", Duration::from_secs(30), async || {
+        condition(fake, name, "Ready").is_some()
+    })
+    .await;
+    let ready = condition(fake, name, "Ready").unwrap();
+    let reason = ready["reason"].as_str().unwrap().to_string();
+    crate::support::until("its Warning Event", Duration::from_secs(10), async || {
+        fake.names("events", NS).iter().any(|event| {
+            fake.object("events", NS, event).is_some_and(|e| {
+                e["reason"] == reason.as_str()
+                    && e["type"] == "Warning"
+                    && e["regarding"]["name"] == name
+            })
+        })
+    })
+    .await;
+    // A while later: still nothing runs for it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(fake.pods().is_empty(), "no Pod for a pool that cannot run");
+    assert!(!ctx.render_metrics().contains(&format!("pool=\"{name}\"")));
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
+    ready
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_workspace_key_in_the_pools_secret_is_refused(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let fake = k8s_strict::fake_with(Options::default()).await;
+    k8s_strict::make_pool(&fake, &api, "builders", &api.ws_key);
+    let ready = ready_of(&fake, &api, "builders").await;
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("WorkspaceKey")),
+        "{ready}"
+    );
+    let stored = fake.object("workerpools", NS, "builders").unwrap();
+    assert!(
+        !stored.to_string().contains(&api.ws_key),
+        "the key is in no status or Event"
+    );
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pool_whose_secret_is_missing_says_so(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let fake = k8s_strict::fake_with(Options::default()).await;
+    fake.create(
+        json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+        "metadata": {"name": "builders", "namespace": NS},
+        "spec": {"environmentId": api.env_id, "environmentKeySecret": {"name": "absent"}}}),
+    )
+    .expect("the WorkerPool is admitted");
+    let ready = ready_of(&fake, &api, "builders").await;
+    assert_eq!(ready["reason"], "SecretMissing", "{ready}");
+    assert!(
+        ready["message"].as_str().unwrap().contains("absent"),
+        "{ready}"
+    );
+}
+
+/// Helm never upgrades `crds/`: on a CRD older than its own the
+/// controller runs no pool and reads no key.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_crd_older_than_the_controllers_stops_the_pool(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let mut older = serde_json::to_value(WorkerPool::crd()).unwrap();
+    older["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(SCHEMA_ANNOTATION);
+    let fake = k8s_strict::fake_with(Options {
+        crds: vec![older],
+        ..Options::default()
+    })
+    .await;
+    k8s_strict::make_pool(&fake, &api, "builders", &api.env_key);
+    let ready = ready_of(&fake, &api, "builders").await;
+    assert_eq!(ready["reason"], "CrdOutdated", "{ready}");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("revision 1") && message.contains("kubectl apply --server-side"),
+        "{message}"
+    );
+    assert!(
+        !fake
+            .requests()
+            .iter()
+            .any(|(m, u)| m == "GET" && u.contains("/secrets/")),
+        "no key is read for a pool that cannot run"
+    );
+}
+
+/// Issue 24, defect 8, where a real apiserver decides it: with the
+/// `UserNamespacesSupport` gate off (the default on 1.30 to 1.32) the
+/// strict fake drops `hostUsers: false` from the stored Pod as such an
+/// apiserver does, and the pool says so (`Hardened=False`, an Event about
+/// that Pod) while it still launches; with the gate on, it is kept.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does_not(
+    db: sqlx::PgPool,
+) {
+    let api = TestApp::start(db).await;
+    for (gates, want) in [
+        (vec![], ("False", "FieldsNotStored")),
+        (
+            vec!["UserNamespacesSupport".to_string()],
+            ("True", "AsRequested"),
+        ),
+    ] {
+        let fake = k8s_strict::fake_with(Options {
+            feature_gates: gates.clone(),
+            ..Options::default()
+        })
+        .await;
+        fake.create(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "pool-key", "namespace": NS},
+            "stringData": {"environment-key": api.env_key}}))
+            .unwrap();
+        fake.create(
+            json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+            "metadata": {"name": "builders", "namespace": NS},
+            "spec": {"environmentId": api.env_id, "environmentKeySecret": {"name": "pool-key"},
+                     "startTimeoutSeconds": 5, "pod": {"hostUsers": false}}}),
+        )
+        .unwrap();
+        let ctx = Context::new(k8s_strict::client(&fake).await, settings(&api, "replica-0"));
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(operator::run(ctx.clone(), stop.clone()));
+        crate::support::until("the pool Ready", Duration::from_secs(30), async || {
+            condition(&fake, "builders", "Ready").is_some_and(|c| c["status"] == "True")
+        })
+        .await;
+        let check = mango_client::Client::new(&api.base, &api.ws_key)
+            .create_healthcheck(&api.env_id)
+            .await
+            .unwrap();
+        crate::support::until("Hardened decided", Duration::from_secs(40), async || {
+            condition(&fake, "builders", "Hardened").is_some_and(|c| c["status"] != "Unknown")
+        })
+        .await;
+        let hardened = condition(&fake, "builders", "Hardened").unwrap();
+        assert_eq!(
+            (hardened["status"].as_str(), hardened["reason"].as_str()),
+            (Some(want.0), Some(want.1)),
+            "gates {gates:?}: {hardened}"
+        );
+        let dropped_events = fake
+            .names("events", NS)
+            .iter()
+            .filter_map(|e| fake.object("events", NS, e))
+            .filter(|e| e["reason"] == "HardeningNotStored")
+            .count();
+        if want.0 == "False" {
+            assert!(hardened["message"]
+                .as_str()
+                .unwrap()
+                .contains("spec.hostUsers"));
+            crate::support::until("the Event", Duration::from_secs(10), async || {
+                fake.names("events", NS).iter().any(|e| {
+                    fake.object("events", NS, e).is_some_and(|e| {
+                        e["reason"] == "HardeningNotStored" && e["related"]["kind"] == "Pod"
+                    })
+                })
+            })
+            .await;
+        } else {
+            assert_eq!(dropped_events, 0, "nothing was dropped");
+        }
+        stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
+        api.stop_work(&check.id, true).await;
+    }
+}
