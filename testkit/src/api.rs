@@ -17,6 +17,8 @@ pub struct TestApp {
     pub base: String,
     /// Further addresses it listens on ([`TestApp::start_also_on`]).
     pub also: Vec<std::net::SocketAddr>,
+    /// `http://127.0.0.1:<port>` of its metrics listener (`/metrics`).
+    pub metrics_base: String,
     /// The client [`TestApp::call`] sends with.
     pub http: reqwest::Client,
     /// The caller's pool on the api's database: a test's direct SQL writes
@@ -97,10 +99,11 @@ impl TestApp {
     pub async fn second_process(&self) -> TestApp {
         let pool = mango_api::db::api_pool(&self.db, 8).await.unwrap();
         let ctx = ApiContext::new(pool, (*self.ctx.settings).clone());
-        let (base, also, shutdown, server) = Self::listen(ctx.clone(), &[]).await;
+        let (base, also, metrics_base, shutdown, server) = Self::listen(ctx.clone(), &[]).await;
         let app = TestApp {
             base,
             also,
+            metrics_base,
             http: self.http.clone(),
             db: self.db.clone(),
             ctx,
@@ -115,14 +118,16 @@ impl TestApp {
         app
     }
 
-    /// Serves `ctx` on a loopback port and one port of each of `ips`: the
-    /// base URL, the further addresses, the shutdown sender and the server task.
+    /// Serves `ctx` on a loopback port, one port of each of `ips`, and a
+    /// loopback metrics port: the base URL, the further addresses, the
+    /// metrics URL, the shutdown sender and the server task.
     async fn listen(
         ctx: ApiContext,
         ips: &[std::net::IpAddr],
     ) -> (
         String,
         Vec<std::net::SocketAddr>,
+        String,
         oneshot::Sender<()>,
         JoinHandle<()>,
     ) {
@@ -135,19 +140,26 @@ impl TestApp {
             also.push(extra.local_addr().unwrap());
             listeners.push(extra);
         }
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_base = format!("http://{}", metrics.local_addr().unwrap());
+        let listeners = server::Listeners {
+            operators: listeners,
+            sandboxes: Vec::new(),
+            metrics: Some(metrics),
+        };
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
-            server::serve_all(ctx, listeners, async {
+            server::serve_listeners(ctx, listeners, async {
                 let _ = rx.await;
             })
             .await
             .unwrap();
         });
-        (base, also, tx, server)
+        (base, also, metrics_base, tx, server)
     }
 
     async fn serve_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
-        let (base, also, tx, server) = Self::listen(ctx.clone(), ips).await;
+        let (base, also, metrics_base, tx, server) = Self::listen(ctx.clone(), ips).await;
         let (_, ws_key) = keys::create(&db, "wrkspc_default", None, "test operator", time::now())
             .await
             .unwrap();
@@ -158,6 +170,7 @@ impl TestApp {
         let mut app = TestApp {
             base,
             also,
+            metrics_base,
             http,
             db,
             ctx,
