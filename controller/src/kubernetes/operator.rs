@@ -53,6 +53,9 @@ pub struct Settings {
     pub namespace: String,
     /// The api as the controller reaches it, when a pool names none.
     pub default_api_url: Option<String>,
+    /// The api as sandboxes reach it, when a pool names neither its
+    /// `sandboxApiUrl` nor its `apiUrl` (the api's sandbox listener).
+    pub default_sandbox_api_url: Option<String>,
     pub default_sandbox_image: String,
     /// This replica's name in Events.
     pub instance: String,
@@ -342,6 +345,22 @@ fn api_url(ctx: &Context, pool: &WorkerPool) -> Result<String, Problem> {
         })
 }
 
+/// The api as `pool`'s sandboxes reach it: its own `sandboxApiUrl`; else,
+/// for a pool that leaves the api to the controller, the controller's
+/// default sandbox URL; else the api URL the pool uses.
+fn sandbox_api_url(settings: &Settings, pool: &WorkerPool, api: &str) -> String {
+    let spec = &pool.spec;
+    spec.sandbox_api_url
+        .clone()
+        .or_else(|| {
+            spec.api_url
+                .is_none()
+                .then(|| settings.default_sandbox_api_url.clone())
+                .flatten()
+        })
+        .unwrap_or_else(|| api.to_string())
+}
+
 /// Starts pool `pool`'s supervisor for `fit`, detaching one that no longer fits.
 fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api: String) {
     let name = pool.name_any();
@@ -364,11 +383,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     )
     .with_events(ctx.events(pool));
     let hardening = launcher.hardening();
-    let sandbox_api = pool
-        .spec
-        .sandbox_api_url
-        .clone()
-        .unwrap_or_else(|| api.clone());
+    let sandbox_api = sandbox_api_url(&ctx.settings, pool, &api);
     let mut config = Config::new(&pool.spec.environment_id, &sandbox_api);
     config.pool = name.clone();
     config.max_concurrency = pool.spec.max_concurrency as usize;
