@@ -15,7 +15,8 @@ use tokio::task::JoinHandle;
 pub struct TestApp {
     /// `http://127.0.0.1:<port>`
     pub base: String,
-    /// Further addresses it listens on ([`TestApp::start_also_on`]).
+    /// Its sandbox listeners ([`TestApp::start_also_on`]): only the routes
+    /// a runner uses, as `MANGO_SANDBOX_LISTEN_ADDR` serves them.
     pub also: Vec<std::net::SocketAddr>,
     /// `http://127.0.0.1:<port>` of its metrics listener (`/metrics`).
     pub metrics_base: String,
@@ -73,14 +74,15 @@ impl TestApp {
         Self::serve_on(db, ctx, &[]).await
     }
 
-    /// [`TestApp::serve`], listening on a port of each of `ips` too (e.g.
-    /// the Docker bridge's gateway, for sandboxes: `mango-bench supervisor`).
+    /// [`TestApp::serve`], with a sandbox listener on a port of each of
+    /// `ips` too (e.g. the Docker bridge's gateway: `mango-bench supervisor`).
     pub async fn serve_also_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
         Self::serve_on(db, ctx, ips).await
     }
 
-    /// [`TestApp::start_with`], listening on a port of each of `ips` too
-    /// (e.g. the Docker bridge's gateway, where sandboxes reach the host).
+    /// [`TestApp::start_with`], with a sandbox listener on a port of each of
+    /// `ips` too (e.g. the Docker bridge's gateway, where sandboxes reach
+    /// the host): sandboxes reach only the routes a runner uses.
     pub async fn start_also_on(
         db: PgPool,
         settings: Settings,
@@ -118,8 +120,8 @@ impl TestApp {
         app
     }
 
-    /// Serves `ctx` on a loopback port, one port of each of `ips`, and a
-    /// loopback metrics port: the base URL, the further addresses, the
+    /// Serves `ctx` on a loopback port, a sandbox listener on one port of
+    /// each of `ips`, and a loopback metrics port: the base URL, the further addresses, the
     /// metrics URL, the shutdown sender and the server task.
     async fn listen(
         ctx: ApiContext,
@@ -133,18 +135,19 @@ impl TestApp {
     ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let mut listeners = vec![listener];
+        let listeners = vec![listener];
         let mut also = Vec::new();
+        let mut sandboxes = Vec::new();
         for ip in ips {
             let extra = tokio::net::TcpListener::bind((*ip, 0)).await.unwrap();
             also.push(extra.local_addr().unwrap());
-            listeners.push(extra);
+            sandboxes.push(extra);
         }
         let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_base = format!("http://{}", metrics.local_addr().unwrap());
         let listeners = server::Listeners {
             operators: listeners,
-            sandboxes: Vec::new(),
+            sandboxes,
             metrics: Some(metrics),
         };
         let (tx, rx) = oneshot::channel::<()>();
