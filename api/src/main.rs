@@ -150,6 +150,9 @@ async fn bind_each(list: &str, what: &str) -> anyhow::Result<Vec<tokio::net::Tcp
     Ok(listeners)
 }
 
+// Parsed once per process: a large `Serve` costs nothing worth boxing for
+// (and clap cannot flatten a boxed group).
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API (runs pending migrations first unless --no-migrate).
