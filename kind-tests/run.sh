@@ -452,15 +452,21 @@ PVC1="$(pvc_uid)"
 if [ -z "$PVC1" ] || [ "$(wc -l <<<"$PVC1")" != 1 ]; then fail "one PVC for the Session, got: '$PVC1'"; fi
 
 if [ "${MANGO_E2E_CHECK_NETWORK:-1}" = 1 ]; then
-  say "inside a sandbox: the api answers, PostgreSQL and the Kubernetes API do not"
+  say "inside a sandbox: the api's sandbox port answers; its other ports, PostgreSQL and the Kubernetes API do not"
   if [ "$MODE" = kind ]; then
     NODE="$(kubectl -n "$NS" get pod "$POD1" -o jsonpath='{.spec.nodeName}')"
     API_NODE="$(kubectl get nodes -l node-role.kubernetes.io/control-plane -o jsonpath='{.items[0].metadata.name}')"
     [ "$NODE" != "$API_NODE" ] \
       || fail "the sandbox runs on the control-plane node $NODE, where NetworkPolicy cannot keep it from the API server"
   fi
-  in_sandbox "$POD1" timeout 10 bash -c "exec 3<>/dev/tcp/$FULLNAME-api/8080" \
-    || fail "a sandbox cannot reach the api (DNS or the NetworkPolicy's api rule)"
+  in_sandbox "$POD1" timeout 10 bash -c "exec 3<>/dev/tcp/$FULLNAME-api/8081" \
+    || fail "a sandbox cannot reach the api's sandbox port (DNS or the NetworkPolicy's api rule)"
+  if in_sandbox "$POD1" timeout 5 bash -c "exec 3<>/dev/tcp/$FULLNAME-api/8080" 2>/dev/null; then
+    fail "a sandbox reached the api's operators' port: the NetworkPolicy admits only the sandbox port"
+  fi
+  if in_sandbox "$POD1" timeout 5 bash -c "exec 3<>/dev/tcp/$FULLNAME-api/9465" 2>/dev/null; then
+    fail "a sandbox reached the api's /metrics port"
+  fi
   if in_sandbox "$POD1" timeout 5 bash -c "exec 3<>/dev/tcp/$FULLNAME-postgresql/5432" 2>/dev/null; then
     fail "a sandbox reached PostgreSQL: the NetworkPolicy is not enforced (kind ≥ 0.24 enforces it; MANGO_E2E_CHECK_NETWORK=0 skips this)"
   fi

@@ -3,7 +3,8 @@
 # (Docker when an engine answers, local subprocesses otherwise), and a
 # healthcheck that ends `succeeded`; then both keep serving until Ctrl-C.
 #   MANGO_DATABASE_URL  use this PostgreSQL instead of the private cluster in .mango/
-#   MANGO_LISTEN_ADDR   default 127.0.0.1:8080
+#   MANGO_LISTEN_ADDR   default 127.0.0.1:8080 (operators)
+#   MANGO_SANDBOX_PORT  Docker: the port of the sandbox listener on the bridge's gateway (default 8081)
 #   MANGO_OBJECT_STORE  where Skill archives go (default .mango/objects; s3://bucket/prefix for S3)
 #   MANGO_LAUNCHER      docker | local (default: docker when an engine answers)
 set -euo pipefail
@@ -13,7 +14,6 @@ say() { printf '%s\n' "$*" >&2; }
 json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 
 LISTEN="${MANGO_LISTEN_ADDR:-127.0.0.1:8080}"
-PORT="${LISTEN##*:}"
 BASE="http://$LISTEN"
 
 if [ -z "${MANGO_LAUNCHER:-}" ]; then
@@ -36,11 +36,15 @@ if [ "$MANGO_LAUNCHER" = docker ]; then
   MANGO_RUNNER_BIN="$ROOT/target/release/mango-runner" scripts/sandbox-image.sh
   IMAGE="${MANGO_SANDBOX_IMAGE:-mango-sandbox:dev}"
   # Sandboxes reach the host as host.docker.internal (host-gateway); the api
-  # listens there too, on the same port.
+  # serves them there on a listener of their own, which has only the routes a
+  # runner uses and its own per-peer connection cap (docs/protocol.md,
+  # "Connections"), so a flooding sandbox cannot lock operators out.
   GATEWAY="$(docker run --rm --network none --add-host host.docker.internal:host-gateway \
       --entrypoint /bin/cat "$IMAGE" /etc/hosts | awk '$2 == "host.docker.internal" { print $1; exit }')"
   [ -n "$GATEWAY" ] || { say "could not learn the address host-gateway gives sandboxes"; exit 1; }
-  export MANGO_LISTEN_ADDR="$LISTEN,$GATEWAY:$PORT"
+  SANDBOX_PORT="${MANGO_SANDBOX_PORT:-8081}"
+  export MANGO_LISTEN_ADDR="$LISTEN"
+  export MANGO_SANDBOX_LISTEN_ADDR="$GATEWAY:$SANDBOX_PORT"
 else
   export MANGO_LISTEN_ADDR="$LISTEN"
   # Local runners share the host's filesystem: Sessions mount their Memory
@@ -83,7 +87,7 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 curl -fsS "$BASE/readyz" >/dev/null || { say "mango serve did not become ready; see .mango/api.log"; exit 1; }
-say "==> mango serving on $MANGO_LISTEN_ADDR (log: .mango/api.log)"
+say "==> mango serving on $MANGO_LISTEN_ADDR${MANGO_SANDBOX_LISTEN_ADDR:+ (sandboxes: $MANGO_SANDBOX_LISTEN_ADDR)} (log: .mango/api.log)"
 
 # Keys and the Environment are made once and kept in .mango/dev.env (mode 600).
 STATE="$ROOT/.mango/dev.env"
@@ -114,7 +118,7 @@ say "==> starting the supervisor"
 (
   export MANGO_ENVIRONMENT_KEY MANGO_ENVIRONMENT_ID MANGO_BASE_URL="$BASE"
   if [ "$MANGO_LAUNCHER" = docker ]; then
-    export MANGO_DOCKER_BASE_URL="http://host.docker.internal:$PORT"
+    export MANGO_DOCKER_BASE_URL="http://host.docker.internal:$SANDBOX_PORT"
     exec "$WORKER" docker --drain
   else
     exec "$WORKER" local --drain --root "$ROOT/.mango/local"
@@ -156,6 +160,8 @@ else
   make run with ANTHROPIC_API_KEY set (or MANGO_MODEL_BASE_URL and MANGO_MODEL_API_KEY for
   another Messages-API endpoint). .venv comes from scripts/venv.sh."
 fi
+# And the api's (127.0.0.1:9465 unless taken), which sandboxes cannot reach.
+API_METRICS="$(grep -F '"serving /metrics"' "$ROOT/.mango/api.log" | tail -1 | json '["fields"]["addr"]' 2>/dev/null || true)"
 cat >&2 <<EOF_HELP
 
 healthcheck $CHECK_ID: succeeded
@@ -166,6 +172,7 @@ Mango is serving on $BASE  (Environment $MANGO_ENVIRONMENT_ID), with mango-worke
        -H 'Content-Type: application/json' -d '{"data":{"type":"healthcheck"}}'
   docker ps --filter label=app.kubernetes.io/managed-by=mango-worker     # the live sandboxes (Docker)
   curl -s http://${METRICS:-127.0.0.1:9464}/metrics | grep mango_supervisor_             # the supervisor's metrics
+  curl -s http://${API_METRICS:-127.0.0.1:9465}/metrics | grep mango_http_connections_   # the api's metrics
 Logs: .mango/api.log, .mango/worker.log.  Press Ctrl-C to stop.
 
 A first Session, with the official SDK (in another shell):

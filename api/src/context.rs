@@ -45,6 +45,9 @@ pub struct Settings {
     /// What a Memory Store may hold and keep, and how fast a sessions
     /// token may write to one (`MANGO_MEMORY_STORE_MAX_BYTES` …).
     pub memory_limits: crate::memory_quota::MemoryLimits,
+    /// What one peer and the process may hold of connections, and how long
+    /// a quiet one lives (`MANGO_MAX_CONNECTIONS_PER_PEER` …).
+    pub connections: crate::connection_limits::ConnectionLimits,
 }
 
 /// Who answers a Session's input, from [`Settings`].
@@ -113,6 +116,7 @@ impl Default for Settings {
             skill_archives: Default::default(),
             memory_mount_root: crate::memory_rules::DEFAULT_MOUNT_ROOT.to_string(),
             memory_limits: Default::default(),
+            connections: Default::default(),
         }
     }
 }

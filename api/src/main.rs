@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use mango_api::connection_limits as limits;
 use mango_api::memory_quota as quota;
 use mango_api::model::ModelConfig;
 use mango_api::store::keys::{self, CreateKeyError, KeyRow};
@@ -70,6 +71,88 @@ impl From<MemoryLimitArgs> for quota::MemoryLimits {
     }
 }
 
+/// Where the api listens besides MANGO_LISTEN_ADDR, and what each
+/// connection may hold (docs/operations.md, "Connections").
+#[derive(Args, Clone)]
+struct ConnectionArgs {
+    /// A listener for sandboxes alone (several addresses separated by
+    /// commas): it serves only the routes a sandbox's runner uses, with its
+    /// own per-peer cap. Point sandboxes' MANGO_BASE_URL at it.
+    #[arg(long, env = "MANGO_SANDBOX_LISTEN_ADDR")]
+    sandbox_listen_addr: Option<String>,
+    /// Where /metrics (and /healthz) are served [default: 127.0.0.1:9465, or
+    /// a free loopback port when another process holds it]; never on the
+    /// other listeners.
+    #[arg(long, env = "MANGO_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Seconds an HTTP/1 connection may take to send a request head, from
+    /// its first byte or from opening (1..=3600).
+    #[arg(long, env = "MANGO_HEADER_READ_TIMEOUT_SECONDS", default_value_t = limits::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_read_timeout_seconds: u64,
+    /// Seconds a kept-alive connection may wait for its next request; an
+    /// open event stream or long poll is never idle (1..=86400).
+    #[arg(long, env = "MANGO_IDLE_TIMEOUT_SECONDS", default_value_t = limits::DEFAULT_IDLE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86400))]
+    idle_timeout_seconds: u64,
+    /// Open connections one peer address may hold on an operators' (or the
+    /// metrics) listener; past it a new one is closed as it is accepted.
+    #[arg(long, env = "MANGO_MAX_CONNECTIONS_PER_PEER", default_value_t = limits::DEFAULT_MAX_PER_PEER, value_parser = per_peer)]
+    max_connections_per_peer: usize,
+    /// Open connections one peer address may hold on the sandbox listener.
+    #[arg(long, env = "MANGO_SANDBOX_MAX_CONNECTIONS_PER_PEER", default_value_t = limits::DEFAULT_SANDBOX_MAX_PER_PEER, value_parser = per_peer)]
+    sandbox_max_connections_per_peer: usize,
+    /// Open connections of the process on all listeners [default: the
+    /// open-file limit, raised to its hard limit at start, less 1,024 (half
+    /// when the limit is 2,048 or less)]; more than that is refused.
+    #[arg(long, env = "MANGO_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+}
+
+fn per_peer(raw: &str) -> Result<usize, String> {
+    match raw.parse::<usize>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{raw:?} is not a number of connections from 1 to 1000000"
+        )),
+    }
+}
+
+impl ConnectionArgs {
+    /// The limits, with the open-file limit raised first so the default
+    /// budget is the most the process may have.
+    fn limits(&self) -> anyhow::Result<limits::ConnectionLimits> {
+        let open_files = limits::raise_open_file_limit();
+        let max_connections = match self.max_connections {
+            Some(asked) => {
+                limits::check_max_connections(asked, open_files).map_err(anyhow::Error::msg)?
+            }
+            None => limits::connection_budget(open_files),
+        };
+        tracing::info!(open_files, max_connections, "connection limits");
+        Ok(limits::ConnectionLimits {
+            header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_seconds),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_seconds),
+            max_per_peer: self.max_connections_per_peer,
+            sandbox_max_per_peer: self.sandbox_max_connections_per_peer,
+            max_connections,
+        })
+    }
+}
+
+/// Binds each of a comma-separated list of addresses.
+async fn bind_each(list: &str, what: &str) -> anyhow::Result<Vec<tokio::net::TcpListener>> {
+    let mut listeners = Vec::new();
+    for addr in list.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("could not listen on {addr} ({what})"))?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+// Parsed once per process: a large `Serve` costs nothing worth boxing for
+// (and clap cannot flatten a boxed group).
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API (runs pending migrations first unless --no-migrate).
@@ -117,6 +200,8 @@ enum Command {
         memory_mount_root: String,
         #[command(flatten)]
         memory_limits: MemoryLimitArgs,
+        #[command(flatten)]
+        connections: ConnectionArgs,
     },
     /// Apply pending migrations and exit.
     Migrate {
@@ -184,6 +269,8 @@ const LONG_FLAGS: &[&str] = &[
     "default-ttl-seconds",
     "max-reclaims",
     "object-store",
+    "sandbox-listen-addr",
+    "metrics-addr",
 ];
 
 fn normalize_args(args: impl Iterator<Item = String>) -> Vec<String> {
@@ -306,8 +393,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             object_store,
             memory_mount_root,
             memory_limits,
+            connections,
         } => {
             init_logging("info");
+            let connection_limits = connections.limits()?;
             let model = ModelConfig::resolve(model_base_url, model_api_key, anthropic_api_key);
             if let Some(model) = &model {
                 tracing::info!(model = %model.describe(), "model endpoint");
@@ -319,18 +408,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if !no_migrate {
                 MIGRATOR.run(&pool).await.context("migration failed")?;
             }
-            let mut listeners = Vec::new();
-            for addr in listen_addr
-                .split(',')
-                .map(str::trim)
-                .filter(|a| !a.is_empty())
-            {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("could not listen on {addr}"))?;
+            let operators = bind_each(&listen_addr, "MANGO_LISTEN_ADDR").await?;
+            for listener in &operators {
                 tracing::info!(addr = %listener.local_addr()?, "mango api listening");
-                listeners.push(listener);
             }
+            let sandboxes = match &connections.sandbox_listen_addr {
+                Some(list) => bind_each(list, "MANGO_SANDBOX_LISTEN_ADDR").await?,
+                None => Vec::new(),
+            };
+            for listener in &sandboxes {
+                tracing::info!(addr = %listener.local_addr()?, "mango api listening for sandboxes");
+            }
+            let metrics = server::bind_metrics(connections.metrics_addr).await?;
+            tracing::info!(addr = %metrics.local_addr()?, "serving /metrics");
+            let listeners = server::Listeners {
+                operators,
+                sandboxes,
+                metrics: Some(metrics),
+            };
             let settings = Settings {
                 default_ttl_seconds,
                 max_reclaims,
@@ -340,9 +435,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 skill_archives,
                 memory_mount_root,
                 memory_limits: memory_limits.into(),
+                connections: connection_limits,
                 ..Settings::default()
             };
-            server::serve_all(
+            server::serve_listeners(
                 ApiContext::new(pool, settings),
                 listeners,
                 shutdown_signal(),

@@ -4,6 +4,7 @@
 //! (`store::gauges`), so every api process reports the same values: sum the
 //! counters across processes, take the max of the gauges.
 
+use crate::connection_limits::Audience;
 use mango_protocol::events::SessionErrorType;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -19,6 +20,8 @@ macro_rules! counters {
             pub responses: [AtomicU64; 4],
             pub model: ModelCalls,
             sessions: Mutex<Option<(Instant, Vec<(String, i64)>)>>,
+            /// Connections by listener ([`Audience::index`]).
+            pub connections: [Connections; 3],
         }
 
         impl Metrics {
@@ -32,6 +35,7 @@ macro_rules! counters {
                     let _ = writeln!(out, "mango_http_responses_total{{class=\"{class}\"}} {}", self.responses[i].load(Relaxed));
                 }
                 self.model.render(&mut out);
+                render_connections(&mut out, &self.connections);
                 out
             }
         }
@@ -233,6 +237,85 @@ impl Metrics {
     }
 }
 
+/// One listener's connections: how many are open, and why others ended.
+#[derive(Default)]
+pub struct Connections {
+    pub open: AtomicU64,
+    /// Closed at accept: the peer already held its per-peer cap.
+    pub refused_peer_limit: AtomicU64,
+    /// Closed at accept: the process held `MANGO_MAX_CONNECTIONS`.
+    pub refused_global_limit: AtomicU64,
+    /// Closed: no complete request head within the header-read timeout.
+    pub header_timeouts: AtomicU64,
+    /// Closed: no request in flight for the idle timeout.
+    pub idle_timeouts: AtomicU64,
+    /// `accept` failed (e.g. EMFILE); the listener backed off.
+    pub accept_errors: AtomicU64,
+}
+
+fn render_connections(out: &mut String, connections: &[Connections; 3]) {
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    let each = |out: &mut String, name: &str, field: fn(&Connections) -> &AtomicU64| {
+        for audience in Audience::ALL {
+            let value = field(&connections[audience.index()]).load(Relaxed);
+            let _ = writeln!(out, "{name}{{listener=\"{}\"}} {value}", audience.label());
+        }
+    };
+    family(
+        out,
+        "mango_http_connections_open",
+        "gauge",
+        "Open connections by listener.",
+    );
+    each(out, "mango_http_connections_open", |c| &c.open);
+    family(
+        out,
+        "mango_http_connections_refused_total",
+        "counter",
+        "Connections closed as soon as accepted, by listener and the cap they met.",
+    );
+    for audience in Audience::ALL {
+        let c = &connections[audience.index()];
+        for (reason, value) in [
+            ("peer_limit", &c.refused_peer_limit),
+            ("global_limit", &c.refused_global_limit),
+        ] {
+            let _ = writeln!(
+                out,
+                "mango_http_connections_refused_total{{listener=\"{}\",reason=\"{reason}\"}} {}",
+                audience.label(),
+                value.load(Relaxed)
+            );
+        }
+    }
+    family(
+        out,
+        "mango_http_connections_timed_out_total",
+        "counter",
+        "Connections closed by the header-read or the idle timeout, by listener.",
+    );
+    for audience in Audience::ALL {
+        let c = &connections[audience.index()];
+        for (reason, value) in [("header", &c.header_timeouts), ("idle", &c.idle_timeouts)] {
+            let _ = writeln!(
+                out,
+                "mango_http_connections_timed_out_total{{listener=\"{}\",reason=\"{reason}\"}} {}",
+                audience.label(),
+                value.load(Relaxed)
+            );
+        }
+    }
+    family(
+        out,
+        "mango_http_accept_errors_total",
+        "counter",
+        "Failed accepts (e.g. out of file descriptors), after each of which the listener backs off.",
+    );
+    each(out, "mango_http_accept_errors_total", |c| &c.accept_errors);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,5 +334,14 @@ mod tests {
         assert!(text.contains("mango_http_responses_total{class=\"2xx\"} 1\n"));
         assert!(text.contains("mango_http_responses_total{class=\"5xx\"} 1\n"));
         assert!(text.contains("mango_work_swept_total 0\n"));
+        Metrics::count(&m.connections[Audience::Sandboxes.index()].refused_peer_limit);
+        let text = m.render();
+        assert!(text.contains(
+            "mango_http_connections_refused_total{listener=\"sandboxes\",reason=\"peer_limit\"} 1\n"
+        ));
+        assert!(text.contains(
+            "mango_http_connections_refused_total{listener=\"operators\",reason=\"peer_limit\"} 0\n"
+        ));
+        assert!(text.contains("# TYPE mango_http_connections_open gauge\n"));
     }
 }

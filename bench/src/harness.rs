@@ -142,6 +142,15 @@ impl Bench {
             // The bench appends the agent's events itself (it measures the
             // api and the runner, not a model).
             caller_plays_model: true,
+            // Its clients all come from loopback, one peer: the per-peer
+            // cap a hostile sandbox meets would cap the load itself.
+            connections: {
+                let limits = mango_api::connection_limits::ConnectionLimits::default();
+                mango_api::connection_limits::ConnectionLimits {
+                    max_per_peer: limits.max_connections,
+                    ..limits
+                }
+            },
             ..Settings::default()
         };
         let ctx = ApiContext::new(pool.clone(), settings);

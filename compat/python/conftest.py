@@ -140,6 +140,7 @@ class Mango:
         self.log_path = log_path
         self.http = httpx.Client(base_url=base_url, timeout=30.0)
         self.workspace_key = ""
+        self.metrics_url = ""
 
     # -- logs and CLI
 
@@ -238,12 +239,15 @@ def _start_server(
     last_error = ""
     for _attempt in range(3):  # a free port can be taken between probe and bind
         port = _free_port()
+        metrics_port = _free_port()
         base_url = f"http://127.0.0.1:{port}"
         log = open(log_path, "ab")
         env = dict(
             os.environ,
             MANGO_DATABASE_URL=database_url,
             MANGO_LISTEN_ADDR=f"127.0.0.1:{port}",
+            # /metrics has a listener of its own, apart from operators' and sandboxes'.
+            MANGO_METRICS_ADDR=f"127.0.0.1:{metrics_port}",
         )
         env.setdefault("MANGO_LOG", "info")
         env.update(extra_env or {})
@@ -252,6 +256,7 @@ def _start_server(
         )
         log.close()
         server = Mango(binary, database_url, base_url, proc, log_path)
+        server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -223,7 +223,7 @@ def test_every_metric_the_dashboard_and_alerts_read_exists_with_its_labels(
         assert time.monotonic() < deadline, "the healthcheck did not finish"
         time.sleep(0.2)
 
-    exposed = series(scrape(f"{mango.base_url}/metrics"))
+    exposed = series(scrape(mango.metrics_url))
     exposed.update(series(scrape(live_supervisor["metrics"])))
     missing = []
     for expr in expressions():

@@ -15,8 +15,11 @@ use tokio::task::JoinHandle;
 pub struct TestApp {
     /// `http://127.0.0.1:<port>`
     pub base: String,
-    /// Further addresses it listens on ([`TestApp::start_also_on`]).
+    /// Its sandbox listeners ([`TestApp::start_also_on`]): only the routes
+    /// a runner uses, as `MANGO_SANDBOX_LISTEN_ADDR` serves them.
     pub also: Vec<std::net::SocketAddr>,
+    /// `http://127.0.0.1:<port>` of its metrics listener (`/metrics`).
+    pub metrics_base: String,
     /// The client [`TestApp::call`] sends with.
     pub http: reqwest::Client,
     /// The caller's pool on the api's database: a test's direct SQL writes
@@ -71,14 +74,15 @@ impl TestApp {
         Self::serve_on(db, ctx, &[]).await
     }
 
-    /// [`TestApp::serve`], listening on a port of each of `ips` too (e.g.
-    /// the Docker bridge's gateway, for sandboxes: `mango-bench supervisor`).
+    /// [`TestApp::serve`], with a sandbox listener on a port of each of
+    /// `ips` too (e.g. the Docker bridge's gateway: `mango-bench supervisor`).
     pub async fn serve_also_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
         Self::serve_on(db, ctx, ips).await
     }
 
-    /// [`TestApp::start_with`], listening on a port of each of `ips` too
-    /// (e.g. the Docker bridge's gateway, where sandboxes reach the host).
+    /// [`TestApp::start_with`], with a sandbox listener on a port of each of
+    /// `ips` too (e.g. the Docker bridge's gateway, where sandboxes reach
+    /// the host): sandboxes reach only the routes a runner uses.
     pub async fn start_also_on(
         db: PgPool,
         settings: Settings,
@@ -97,10 +101,11 @@ impl TestApp {
     pub async fn second_process(&self) -> TestApp {
         let pool = mango_api::db::api_pool(&self.db, 8).await.unwrap();
         let ctx = ApiContext::new(pool, (*self.ctx.settings).clone());
-        let (base, also, shutdown, server) = Self::listen(ctx.clone(), &[]).await;
+        let (base, also, metrics_base, shutdown, server) = Self::listen(ctx.clone(), &[]).await;
         let app = TestApp {
             base,
             also,
+            metrics_base,
             http: self.http.clone(),
             db: self.db.clone(),
             ctx,
@@ -115,39 +120,49 @@ impl TestApp {
         app
     }
 
-    /// Serves `ctx` on a loopback port and one port of each of `ips`: the
-    /// base URL, the further addresses, the shutdown sender and the server task.
+    /// Serves `ctx` on a loopback port, a sandbox listener on one port of
+    /// each of `ips`, and a loopback metrics port: the base URL, the further addresses, the
+    /// metrics URL, the shutdown sender and the server task.
     async fn listen(
         ctx: ApiContext,
         ips: &[std::net::IpAddr],
     ) -> (
         String,
         Vec<std::net::SocketAddr>,
+        String,
         oneshot::Sender<()>,
         JoinHandle<()>,
     ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let mut listeners = vec![listener];
+        let listeners = vec![listener];
         let mut also = Vec::new();
+        let mut sandboxes = Vec::new();
         for ip in ips {
             let extra = tokio::net::TcpListener::bind((*ip, 0)).await.unwrap();
             also.push(extra.local_addr().unwrap());
-            listeners.push(extra);
+            sandboxes.push(extra);
         }
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_base = format!("http://{}", metrics.local_addr().unwrap());
+        let listeners = server::Listeners {
+            operators: listeners,
+            sandboxes,
+            metrics: Some(metrics),
+        };
         let (tx, rx) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
-            server::serve_all(ctx, listeners, async {
+            server::serve_listeners(ctx, listeners, async {
                 let _ = rx.await;
             })
             .await
             .unwrap();
         });
-        (base, also, tx, server)
+        (base, also, metrics_base, tx, server)
     }
 
     async fn serve_on(db: PgPool, ctx: ApiContext, ips: &[std::net::IpAddr]) -> TestApp {
-        let (base, also, tx, server) = Self::listen(ctx.clone(), ips).await;
+        let (base, also, metrics_base, tx, server) = Self::listen(ctx.clone(), ips).await;
         let (_, ws_key) = keys::create(&db, "wrkspc_default", None, "test operator", time::now())
             .await
             .unwrap();
@@ -158,6 +173,7 @@ impl TestApp {
         let mut app = TestApp {
             base,
             also,
+            metrics_base,
             http,
             db,
             ctx,

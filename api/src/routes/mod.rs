@@ -1,5 +1,6 @@
-//! The HTTP surface: one router, a request-id middleware, health endpoints,
-//! and API-envelope answers for unknown routes and panics.
+//! The HTTP surface: the operators' router, the sandboxes' subset of it,
+//! the metrics router, a request-id middleware, health endpoints, and
+//! API-envelope answers for unknown routes and panics.
 
 pub mod agents;
 pub mod environments;
@@ -15,7 +16,7 @@ use crate::error::{ApiError, REQUEST_ID};
 use crate::extract::MAX_BODY_BYTES;
 use crate::ids;
 use crate::openapi::{self, Health};
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -41,7 +42,6 @@ fn operations() -> OpenApiRouter<ApiContext> {
         .merge(skills::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
-        .routes(routes!(metrics))
         .routes(routes!(openapi_json))
 }
 
@@ -50,8 +50,94 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     openapi::finish(operations().split_for_parts().1)
 }
 
+/// The routes a sandbox's runner uses, by method and path template: all
+/// that the sandbox listener serves (`MANGO_SANDBOX_LISTEN_ADDR`).
+pub const SANDBOX_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    (
+        "POST",
+        "/v1/environments/{environment_id}/work/{work_id}/ack",
+    ),
+    (
+        "POST",
+        "/v1/environments/{environment_id}/work/{work_id}/heartbeat",
+    ),
+    (
+        "POST",
+        "/v1/environments/{environment_id}/work/{work_id}/stop",
+    ),
+    (
+        "POST",
+        "/v1/environments/{environment_id}/work/{work_id}/result",
+    ),
+    (
+        "POST",
+        "/v1/environments/{environment_id}/work/{work_id}/fail",
+    ),
+    ("GET", "/v1/sessions/{session_id}"),
+    ("GET", "/v1/sessions/{session_id}/events"),
+    ("POST", "/v1/sessions/{session_id}/events"),
+    ("GET", "/v1/sessions/{session_id}/events/stream"),
+    ("GET", "/v1/skills/{skill_id}/versions/{version}"),
+    ("GET", "/v1/skills/{skill_id}/versions/{version}/content"),
+    ("GET", "/v1/memory_stores/{memory_store_id}"),
+    ("GET", "/v1/memory_stores/{memory_store_id}/memories"),
+    ("POST", "/v1/memory_stores/{memory_store_id}/memories"),
+    (
+        "GET",
+        "/v1/memory_stores/{memory_store_id}/memories/{memory_id}",
+    ),
+    (
+        "POST",
+        "/v1/memory_stores/{memory_store_id}/memories/{memory_id}",
+    ),
+    (
+        "DELETE",
+        "/v1/memory_stores/{memory_store_id}/memories/{memory_id}",
+    ),
+];
+
+/// Every operation (the operators' listeners).
 pub fn router(ctx: ApiContext) -> Router {
     let (routes, _) = operations().split_for_parts();
+    finish(routes, ctx)
+}
+
+/// [`SANDBOX_ROUTES`] only: the rest answers 404 as an unknown route does.
+pub fn sandbox_router(ctx: ApiContext) -> Router {
+    let (routes, _) = operations().split_for_parts();
+    finish(
+        routes.route_layer(middleware::from_fn(sandbox_routes_only)),
+        ctx,
+    )
+}
+
+/// `/metrics` and `/healthz`, for the metrics listener (`MANGO_METRICS_ADDR`).
+pub fn metrics_router(ctx: ApiContext) -> Router {
+    let routes = Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .route("/healthz", axum::routing::get(healthz));
+    finish(routes, ctx)
+}
+
+async fn sandbox_routes_only(req: Request, next: Next) -> Response {
+    let method = req.method().as_str();
+    let served = req.extensions().get::<MatchedPath>().is_some_and(|path| {
+        SANDBOX_ROUTES
+            .iter()
+            .any(|(m, p)| *m == method && *p == path.as_str())
+    });
+    if !served {
+        return ApiError::not_found(
+            "no such endpoint on the sandbox listener: it serves only the routes a sandbox's runner uses",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// The layers and fallbacks every router shares.
+fn finish(routes: Router<ApiContext>, ctx: ApiContext) -> Router {
     routes
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -118,14 +204,8 @@ async fn refuse_nul_in_path(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// Prometheus counters, in the text exposition format.
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    tag = "Operations",
-    operation_id = "metrics",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String))
-)]
+/// Prometheus counters, in the text exposition format (the metrics
+/// listener only: sandboxes must not read other tenants' counts).
 async fn metrics(State(ctx): State<ApiContext>) -> String {
     crate::metrics::render(&ctx.metrics, &ctx.db).await
 }

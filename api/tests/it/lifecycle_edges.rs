@@ -33,7 +33,7 @@ async fn limited(db: sqlx::PgPool) -> TestApp {
 async fn metric(app: &TestApp, name: &str) -> u64 {
     let text = app
         .http
-        .get(format!("{}/metrics", app.base))
+        .get(format!("{}/metrics", app.metrics_base))
         .send()
         .await
         .unwrap()

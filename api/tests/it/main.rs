@@ -11,6 +11,7 @@ mod agents_api;
 mod bad_input;
 mod cli;
 mod concurrency;
+mod connections;
 mod credentials;
 mod environments_api;
 mod lifecycle_edges;

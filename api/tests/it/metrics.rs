@@ -12,7 +12,7 @@ use std::time::Duration;
 async fn scrape(app: &TestApp) -> String {
     let resp = app
         .http
-        .get(format!("{}/metrics", app.base))
+        .get(format!("{}/metrics", app.metrics_base))
         .send()
         .await
         .unwrap();

@@ -24,7 +24,7 @@ async fn metrics_count_the_lease_operations(db: sqlx::PgPool) {
 
     let text = app
         .http
-        .get(format!("{}/metrics", app.base))
+        .get(format!("{}/metrics", app.metrics_base))
         .send()
         .await
         .unwrap()

@@ -58,6 +58,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "http://%s-api.%s.svc:%d" (include "mango.fullname" .) .Release.Namespace (int .Values.api.port) }}
 {{- end }}
 
+{{- define "mango.sandboxApiUrl" -}}
+{{- printf "http://%s-api.%s.svc:%d" (include "mango.fullname" .) .Release.Namespace (int .Values.api.sandboxPort) }}
+{{- end }}
+
 {{- define "mango.postgresqlName" -}}
 {{- printf "%s-postgresql" (include "mango.fullname" .) }}
 {{- end }}

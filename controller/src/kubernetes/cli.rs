@@ -30,6 +30,11 @@ pub struct KubernetesArgs {
     /// its in-cluster Service).
     #[arg(long, env = "MANGO_DEFAULT_API_URL")]
     pub default_api_url: Option<String>,
+    /// The api as sandboxes reach it, for pools that name neither
+    /// `spec.sandboxApiUrl` nor `spec.apiUrl` (the chart sets its Service's
+    /// sandbox port; without it, the api URL).
+    #[arg(long, env = "MANGO_DEFAULT_SANDBOX_API_URL")]
+    pub default_sandbox_api_url: Option<String>,
     /// The sandbox image for pools whose `spec.image` is empty.
     #[arg(long, env = "MANGO_DEFAULT_SANDBOX_IMAGE", default_value = concat!("mango-sandbox:", env!("CARGO_PKG_VERSION")))]
     pub default_sandbox_image: String,
@@ -104,6 +109,7 @@ async fn serve(
         Settings {
             namespace: namespace.clone(),
             default_api_url: args.default_api_url.clone(),
+            default_sandbox_api_url: args.default_sandbox_api_url.clone(),
             default_sandbox_image: args.default_sandbox_image.clone(),
             instance: identity.clone(),
             check_crd: args.check_crd,

@@ -53,6 +53,9 @@ pub struct Settings {
     pub namespace: String,
     /// The api as the controller reaches it, when a pool names none.
     pub default_api_url: Option<String>,
+    /// The api as sandboxes reach it, when a pool names neither its
+    /// `sandboxApiUrl` nor its `apiUrl` (the api's sandbox listener).
+    pub default_sandbox_api_url: Option<String>,
     pub default_sandbox_image: String,
     /// This replica's name in Events.
     pub instance: String,
@@ -344,11 +347,19 @@ pub fn api_url(pool: &WorkerPool, default_api_url: Option<&str>) -> Result<Strin
         })
 }
 
-/// The api as `pool`'s sandboxes reach it: `spec.sandboxApiUrl`, else `api`.
-pub fn sandbox_api_url(pool: &WorkerPool, api: &str) -> String {
-    pool.spec
-        .sandbox_api_url
+/// The api as `pool`'s sandboxes reach it: its own `sandboxApiUrl`; else,
+/// for a pool that leaves the api to the controller, the controller's
+/// default sandbox URL; else the api URL the pool uses.
+pub fn sandbox_api_url(pool: &WorkerPool, default_sandbox: Option<&str>, api: &str) -> String {
+    let spec = &pool.spec;
+    spec.sandbox_api_url
         .clone()
+        .or_else(|| {
+            spec.api_url
+                .is_none()
+                .then(|| default_sandbox.map(str::to_string))
+                .flatten()
+        })
         .unwrap_or_else(|| api.to_string())
 }
 
@@ -374,7 +385,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     )
     .with_events(ctx.events(pool));
     let hardening = launcher.hardening();
-    let sandbox_api = sandbox_api_url(pool, &api);
+    let sandbox_api = sandbox_api_url(pool, ctx.settings.default_sandbox_api_url.as_deref(), &api);
     let mut config = Config::new(&pool.spec.environment_id, &sandbox_api);
     config.pool = name.clone();
     config.max_concurrency = pool.spec.max_concurrency as usize;

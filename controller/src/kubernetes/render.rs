@@ -36,6 +36,10 @@ pub struct RenderArgs {
     /// The api URL for a pool whose `spec.apiUrl` is empty, as the operator's flag.
     #[arg(long, env = "MANGO_DEFAULT_API_URL")]
     pub default_api_url: Option<String>,
+    /// The api URL sandboxes use for a pool that names neither
+    /// `spec.sandboxApiUrl` nor `spec.apiUrl`, as the operator's flag.
+    #[arg(long, env = "MANGO_DEFAULT_SANDBOX_API_URL")]
+    pub default_sandbox_api_url: Option<String>,
     /// The sandbox image for a pool whose `spec.image` is empty, as the operator's flag.
     #[arg(long, env = "MANGO_DEFAULT_SANDBOX_IMAGE", default_value = concat!("mango-sandbox:", env!("CARGO_PKG_VERSION")))]
     pub default_sandbox_image: String,
@@ -58,6 +62,7 @@ pub enum SampleType {
 pub struct Options {
     pub namespace: String,
     pub default_api_url: Option<String>,
+    pub default_sandbox_api_url: Option<String>,
     pub default_sandbox_image: String,
     pub work_type: SampleType,
     pub identity: String,
@@ -77,6 +82,7 @@ pub fn run(args: RenderArgs) -> ExitCode {
     let options = Options {
         namespace: args.namespace,
         default_api_url: args.default_api_url,
+        default_sandbox_api_url: args.default_sandbox_api_url,
         default_sandbox_image: args.default_sandbox_image,
         work_type: args.work_type,
         identity: args.identity,
@@ -266,7 +272,7 @@ pub fn render(text: &str, options: &Options) -> Result<String, String> {
     let spec = SandboxSpec::for_item(
         &item,
         &pool.name_any(),
-        &operator::sandbox_api_url(&pool, &api),
+        &operator::sandbox_api_url(&pool, options.default_sandbox_api_url.as_deref(), &api),
     );
     let refused = |e: crate::core::launcher::LaunchError| e.to_string();
     let mut out = format!(

@@ -576,7 +576,7 @@ fn every_manifest_parses_strictly_as_its_type() {
 }
 
 /// The sandboxes: nothing reaches them, and they reach only the api Pods
-/// (on the api's port) and DNS.
+/// (on the api's sandbox port) and DNS.
 #[test]
 fn sandboxes_are_default_deny_with_only_api_and_dns_egress() {
     let Some(r) = renders() else { return };
@@ -613,13 +613,27 @@ fn sandboxes_are_default_deny_with_only_api_and_dns_egress() {
         assert_eq!(egress.len(), 2, "{name}: the api and DNS, nothing more");
         let peers_of = |i: usize| -> &Vec<NetworkPolicyPeer> { egress[i].to.as_ref().unwrap() };
 
-        // To the api: same namespace, the api Pods only, on its port.
+        // To the api: same namespace, the api Pods only, on its sandbox
+        // port (not the operators' port, not /metrics).
         let api = named!(release, Deployment, "mango-api");
-        let api_port = pod_spec(template(api)).containers[0]
+        let api_ports = pod_spec(template(api)).containers[0]
             .ports
             .as_ref()
-            .unwrap()[0]
+            .unwrap();
+        let api_port = api_ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some("sandbox"))
+            .expect("the api's sandbox port")
             .container_port;
+        for other in api_ports
+            .iter()
+            .filter(|p| p.name.as_deref() != Some("sandbox"))
+        {
+            assert_ne!(
+                other.container_port, api_port,
+                "{name}: the sandbox port is the api's alone"
+            );
+        }
         let to_api = peers_of(0);
         assert_eq!(to_api.len(), 1);
         assert!(to_api[0].namespace_selector.is_none() && to_api[0].ip_block.is_none());

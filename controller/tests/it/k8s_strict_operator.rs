@@ -17,6 +17,7 @@ pub fn settings(api: &TestApp, instance: &str) -> Settings {
     Settings {
         namespace: NS.into(),
         default_api_url: Some(api.base.clone()),
+        default_sandbox_api_url: None,
         default_sandbox_image: "mango-sandbox:test".into(),
         instance: instance.into(),
         check_crd: true,

@@ -46,6 +46,7 @@ fn context(client: kube::Client, api: &TestApp) -> Arc<Context> {
         Settings {
             namespace: NS.into(),
             default_api_url: Some(api.base.clone()),
+            default_sandbox_api_url: None,
             default_sandbox_image: "mango-sandbox:test".into(),
             instance: "replica-0".into(),
             check_crd: true,
@@ -364,6 +365,7 @@ async fn an_unreachable_api_shows_as_degraded_with_an_event(db: sqlx::PgPool) {
         Settings {
             namespace: NS.into(),
             default_api_url: Some(format!("http://{closed}")),
+            default_sandbox_api_url: None,
             default_sandbox_image: "mango-sandbox:test".into(),
             instance: "replica-0".into(),
             check_crd: true,

@@ -28,6 +28,7 @@ fn options(work_type: SampleType) -> Options {
     Options {
         namespace: "default".into(),
         default_api_url: None,
+        default_sandbox_api_url: None,
         default_sandbox_image: "mango-sandbox:test".into(),
         work_type,
         identity: "mango-controller-0".into(),
