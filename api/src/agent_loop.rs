@@ -167,7 +167,11 @@ async fn step_until_waiting(
                     &events,
                     model.max_tokens,
                 );
-                match model.messages(&body).await {
+                let asked = std::time::Instant::now();
+                let answer = model.messages(&body).await;
+                let failure = answer.as_ref().err().map(|f| f.kind);
+                ctx.metrics.model.observe(asked.elapsed(), failure);
+                match answer {
                     Ok(reply) => {
                         let tools = AgentTools::from_snapshot(&session.agent.0);
                         let reply_events = turn::reply_events(&reply, &tools);

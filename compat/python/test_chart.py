@@ -213,7 +213,7 @@ def test_notes_show_the_bootstrap_and_no_key() -> None:
 FREE_FORM = {
     "resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "podLabels",
     "annotations", "commonLabels", "imagePullSecrets", "topologySpreadConstraints",
-    "extraEnv", "extraEgress", "secretNames", "pod", "peers", "ports",
+    "extraEnv", "extraEgress", "secretNames", "pod", "peers", "ports", "labels",
 }
 
 
@@ -273,6 +273,8 @@ def test_the_values_schema_covers_every_value_and_refuses_typos() -> None:
             ({"api": {"image": {"digest": "sha256:abc"}}}, "/api/image/digest"),
             ({"sandbox": {"image": {"digest": "latest"}}}, "/sandbox/image/digest"),
             ({"api": {"networkPolicy": {"from": [{}]}}}, "/api/networkPolicy/from/0"),
+            ({"monitoring": {"podMonitor": {"interval": "soon"}}}, "/monitoring/podMonitor/interval"),
+            ({"monitoring": {"prometheusRule": {"queuedAgeSeconds": 0}}}, "/monitoring/prometheusRule/queuedAgeSeconds"),
         ]:
             with pytest.raises(helm_python.HelmError) as err:
                 render(bad)

@@ -66,7 +66,7 @@ def supervisor(mango_with_model: Mango, tmp_path: Path) -> Iterator[Dict[str, st
         pytest.fail(f"build mango-worker and mango-runner first (cargo build -p mango-controller -p mango-runner): {worker}")
     log = open(tmp_path / "worker.log", "w")
     proc = subprocess.Popen(
-        [str(worker), "local", "--root", str(tmp_path / "local")],
+        [str(worker), "local", "--drain", "--root", str(tmp_path / "local")],
         env={
             **clean_env(),
             "MANGO_ENVIRONMENT_KEY": env.key,
@@ -74,6 +74,8 @@ def supervisor(mango_with_model: Mango, tmp_path: Path) -> Iterator[Dict[str, st
             "MANGO_BASE_URL": mango_with_model.base_url,
             "MANGO_RUNNER_BIN": str(runner),
             "MANGO_METRICS_ADDR": "127.0.0.1:0",
+            # --drain on SIGTERM: running runners get this grace, then go.
+            "MANGO_SHUTDOWN_GRACE_SECONDS": "2",
         },
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -83,7 +85,7 @@ def supervisor(mango_with_model: Mango, tmp_path: Path) -> Iterator[Dict[str, st
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()

@@ -193,6 +193,7 @@ fn block_on(
 async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> ExitCode {
     let key = Secret::new(common.environment_key);
     let kind = launcher.kind();
+    let pool = config.pool.clone();
     let supervisor = Supervisor::new(config, launcher, &common.base_url, &key);
     if let Err(err) = supervisor.check_key(&key).await {
         eprintln!("mango-worker: {err}");
@@ -205,7 +206,7 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving /metrics and /healthz");
             }
-            tokio::spawn(serve_metrics(listener, metrics));
+            tokio::spawn(serve_metrics(listener, metrics, pool));
         }
         Err(err) => {
             eprintln!("mango-worker: {err}");
@@ -267,10 +268,13 @@ async fn metrics_listener(given: Option<SocketAddr>) -> Result<tokio::net::TcpLi
     }
 }
 
-async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+/// Every series carries the pool, as the Kubernetes controller's do, so one
+/// dashboard and one set of alerts serve every launcher.
+async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, pool: String) {
     use axum::routing::get;
+    let render = move || mango_controller::core::metrics::render_pools(&[(Some(&pool), &metrics)]);
     let app = axum::Router::new()
-        .route("/metrics", get(move || async move { metrics.render() }))
+        .route("/metrics", get(move || async move { render() }))
         .route("/healthz", get(|| async { "ok" }));
     if let Err(err) = axum::serve(listener, app).await {
         tracing::error!(error = %err, "the metrics server stopped");

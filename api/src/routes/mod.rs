@@ -127,7 +127,7 @@ async fn refuse_nul_in_path(req: Request, next: Next) -> Response {
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String))
 )]
 async fn metrics(State(ctx): State<ApiContext>) -> String {
-    ctx.metrics.render()
+    crate::metrics::render(&ctx.metrics, &ctx.db).await
 }
 
 /// This document (docs/openapi.json).

@@ -10,6 +10,7 @@ pub mod agents;
 pub mod cursor;
 pub mod environments;
 pub mod events;
+pub mod gauges;
 pub mod keys;
 pub mod listeners;
 pub mod memory;

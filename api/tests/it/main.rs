@@ -18,6 +18,7 @@ mod memory_access;
 mod memory_api;
 mod memory_prompt;
 mod memory_quotas;
+mod metrics;
 mod model_failures;
 mod notifications;
 mod openapi;
