@@ -912,7 +912,26 @@ fn no_credential_is_in_any_manifest() {
                 .chain(spec.init_containers.iter().flatten())
             {
                 for var in c.env.iter().flatten() {
-                    if sounds_secret(&var.name) {
+                    if !sounds_secret(&var.name) {
+                        continue;
+                    }
+                    if var.name.ends_with("_FILE") {
+                        // A path, into a mounted Secret: never the value itself.
+                        let path = env_value(c, &var.name);
+                        let from_secret = c.volume_mounts.iter().flatten().any(|m| {
+                            path.starts_with(&format!("{}/", m.mount_path))
+                                && spec
+                                    .volumes
+                                    .iter()
+                                    .flatten()
+                                    .any(|v| v.name == m.name && v.secret.is_some())
+                        });
+                        assert!(
+                            from_secret,
+                            "{name}: {} is no file of a mounted Secret",
+                            var.name
+                        );
+                    } else {
                         secret_ref(c, &var.name);
                     }
                 }
