@@ -10,6 +10,7 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use futures::StreamExt;
+use mango_controller::docker::workspace::{WorkspaceSize, Workspaces};
 use mango_controller::docker::DockerArgs;
 use mango_testkit::TestApp;
 use std::collections::HashMap;
@@ -82,7 +83,16 @@ impl Engine {
             pids: 128,
             volume_driver: "local".into(),
             tmpfs_mib: 32,
+            workspace_size: WorkspaceSize::Bytes(TEST_WORKSPACE_BYTES),
+            workspace_root: workspace_root(),
+            log_max_size: "1m".into(),
+            log_max_files: 2,
         }
+    }
+
+    /// The bounded workspaces the tests' launchers make.
+    pub fn workspaces(&self) -> Workspaces {
+        Workspaces::new(&workspace_root(), TEST_WORKSPACE_BYTES)
     }
 
     /// The containers of `pool`, running or not.
@@ -153,13 +163,12 @@ impl Engine {
                 .await;
         }
         for session in sessions {
+            let volume = mango_controller::docker::session_volume(session);
             let _ = self
                 .docker
-                .remove_volume(
-                    &mango_controller::docker::session_volume(session),
-                    None::<RemoveVolumeOptions>,
-                )
+                .remove_volume(&volume, None::<RemoveVolumeOptions>)
                 .await;
+            let _ = self.workspaces().remove(&volume).await;
         }
     }
 
@@ -224,6 +233,16 @@ impl Engine {
             .expect("the holder goes");
         format!("mango-sandbox-test:{tag}")
     }
+}
+
+/// Each test workspace's size: small, so filling one is quick.
+pub const TEST_WORKSPACE_BYTES: u64 = 32 << 20;
+
+/// Where the tests' bounded workspaces live (`MANGO_TEST_WORKSPACE_ROOT`).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::env::var_os("MANGO_TEST_WORKSPACE_ROOT")
+        .map(Into::into)
+        .unwrap_or_else(|| std::env::temp_dir().join("mango-test-workspaces"))
 }
 
 /// The api's URL as sandboxes see it.

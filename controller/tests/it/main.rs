@@ -2,6 +2,7 @@
 
 mod chart;
 mod docker;
+mod docker_isolation;
 mod docker_memory;
 mod engine;
 mod faults;

@@ -2,12 +2,14 @@
 //! container per item, through the Docker Engine API (bollard):
 //! * a non-root user, every capability dropped, `no-new-privileges`, a
 //!   read-only root with a tmpfs `/tmp` (and, for Session Work, one at
-//!   `/mnt/memory` for its Memory Stores), pids, memory and CPU limits, and
-//!   `docker-init` as PID 1 to reap what tools leave behind;
+//!   `/mnt/memory` for its Memory Stores), pids, memory and CPU limits, a
+//!   bounded log, and the runner itself as PID 1 (non-dumpable, reaping
+//!   what tools leave behind: `mango_runner::init`), no `docker-init`;
 //! * the identity of spec §7 in the environment, the labels of
 //!   [`crate::core::naming`], and no credential anywhere in its config;
 //! * a named volume per Session at `/workspace`, kept across activations
-//!   (a healthcheck gets a tmpfs there instead);
+//!   and bounded in size ([`workspace`]; a healthcheck gets a tmpfs there
+//!   instead);
 //! * the private network `mango-sandboxes`, with `host.docker.internal`
 //!   resolving to the host (`host-gateway`), where the api is reached;
 //! * stdin attached before start, the secret written, stdin closed.
@@ -19,8 +21,8 @@ use crate::core::naming;
 use crate::core::secret::Secret;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, Mount, MountTypeEnum,
-    NetworkCreateRequest, VolumeCreateOptions,
+    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, HostConfigLogConfig, Mount,
+    MountTypeEnum, NetworkCreateRequest, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
@@ -32,6 +34,9 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
+
+pub mod workspace;
+use workspace::{WorkspaceSize, Workspaces};
 
 const ENGINE: &str = "Docker engine";
 /// The runner's user (the image's `nobody`): never root.
@@ -69,12 +74,75 @@ pub struct DockerArgs {
     /// Size of each sandbox's tmpfs `/tmp` (and a healthcheck's `/workspace`), MiB.
     #[arg(long, env = "MANGO_SANDBOX_TMPFS_MIB", default_value_t = 64)]
     pub tmpfs_mib: i64,
+    /// Size of each Session's workspace (`1Gi`, `512Mi`: the chart's PVC
+    /// default and format), or `unbounded` (then one Session can fill the
+    /// host's disk; logged at every start).
+    #[arg(long, env = "MANGO_WORKSPACE_SIZE", default_value = "1Gi")]
+    pub workspace_size: WorkspaceSize,
+    /// Where bounded workspaces' filesystems live, on the engine's host.
+    #[arg(
+        long,
+        env = "MANGO_DOCKER_WORKSPACE_ROOT",
+        default_value = "/var/lib/mango/workspaces"
+    )]
+    pub workspace_root: std::path::PathBuf,
+    /// Largest log file of each sandbox before it is rotated (json-file's
+    /// `max-size`: `10m`, `512k`).
+    #[arg(long, env = "MANGO_SANDBOX_LOG_MAX_SIZE", default_value = "10m", value_parser = log_size)]
+    pub log_max_size: String,
+    /// Log files kept per sandbox (json-file's `max-file`).
+    #[arg(long, env = "MANGO_SANDBOX_LOG_MAX_FILES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub log_max_files: u32,
+}
+
+/// A json-file `max-size`: a whole number and `k`, `m` or `g`.
+fn log_size(given: &str) -> Result<String, String> {
+    let (digits, unit) = given.split_at(given.len().saturating_sub(1));
+    let number = digits.parse::<u64>().ok().filter(|n| *n > 0);
+    match (number, unit) {
+        (Some(_), "k" | "m" | "g") => Ok(given.to_string()),
+        _ => Err(format!(
+            "log size {given:?}: a whole number and k, m or g (e.g. 10m)"
+        )),
+    }
 }
 
 pub struct DockerLauncher {
     docker: Docker,
     args: DockerArgs,
     pool: String,
+    /// `None` when workspaces are unbounded.
+    workspaces: Option<Workspaces>,
+}
+
+/// The bounded workspaces `args` ask for, or why they cannot be had here.
+fn workspaces_of(args: &DockerArgs) -> Result<Option<Workspaces>, LaunchError> {
+    let WorkspaceSize::Bytes(bytes) = args.workspace_size else {
+        tracing::warn!(
+            "MANGO_WORKSPACE_SIZE=unbounded: a Session's workspace can fill the Docker host's disk"
+        );
+        return Ok(None);
+    };
+    let unbounded = "or MANGO_WORKSPACE_SIZE=unbounded to run without a bound";
+    if args.volume_driver != "local" {
+        return Err(LaunchError::Missing(format!(
+            "a bounded workspace needs the `local` volume driver, not {:?} ({unbounded}, bounded by that driver)",
+            args.volume_driver
+        )));
+    }
+    if !args.workspace_root.is_absolute() {
+        return Err(LaunchError::Missing(format!(
+            "MANGO_DOCKER_WORKSPACE_ROOT must be absolute: {}",
+            args.workspace_root.display()
+        )));
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Err(LaunchError::Missing(format!(
+            "bounded workspaces are filesystems the supervisor mounts: run it as root on the engine's host ({unbounded})"
+        )));
+    }
+    Ok(Some(Workspaces::new(&args.workspace_root, bytes)))
 }
 
 /// A Docker error as a launch error: an engine that did not answer is
@@ -239,26 +307,48 @@ impl DockerLauncher {
             }
             Err(err) => return Err(launch_error(err)),
         }
+        let workspaces = workspaces_of(args)?;
         ensure_network(&docker, &args.network).await?;
         Ok(DockerLauncher {
             docker,
             args: args.clone(),
             pool: pool.to_string(),
+            workspaces,
         })
     }
 
+    /// The bounded workspaces, when they are.
+    pub fn workspaces(&self) -> Option<&Workspaces> {
+        self.workspaces.as_ref()
+    }
+
     /// The workspace mount: the Session's named volume, made if missing (an
-    /// existing one is kept as it is).
+    /// existing one is kept as it is). A bounded one is a bind of the
+    /// Session's filesystem, mounted first.
     async fn session_mount(
         &self,
         session_id: &str,
         environment_id: &str,
     ) -> Result<Mount, LaunchError> {
         let name = session_volume(session_id);
+        let mut driver_opts = None;
+        if let Some(workspaces) = &self.workspaces {
+            let at = workspaces
+                .ensure(&name)
+                .await
+                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}")))?;
+            driver_opts = Some(HashMap::from([
+                ("type".to_string(), "none".to_string()),
+                ("o".to_string(), "bind".to_string()),
+                ("device".to_string(), at.to_string_lossy().into_owned()),
+            ]));
+            self.warn_if_unbounded(&name, &at).await;
+        }
         self.docker
             .create_volume(VolumeCreateOptions {
                 name: Some(name.clone()),
                 driver: Some(self.args.volume_driver.clone()),
+                driver_opts,
                 labels: Some(HashMap::from([
                     (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
                     (
@@ -285,6 +375,17 @@ impl DockerLauncher {
             typ: Some(MountTypeEnum::VOLUME),
             ..Default::default()
         })
+    }
+
+    /// A volume made before workspaces were bounded keeps its files and
+    /// stays unbounded: said, so an operator can move the Session.
+    async fn warn_if_unbounded(&self, name: &str, bound: &std::path::Path) {
+        if let Ok(volume) = self.docker.inspect_volume(name).await {
+            let device = volume.options.get("device").map(String::as_str);
+            if device != Some(bound.to_string_lossy().as_ref()) {
+                tracing::warn!(volume = name, "this workspace volume predates the size bound and stays unbounded until the Session's volume is removed");
+            }
+        }
     }
 
     /// The container a spec becomes.
@@ -329,7 +430,16 @@ impl DockerLauncher {
                 nano_cpus: Some((self.args.cpus * 1e9) as i64),
                 network_mode: Some(self.args.network.clone()),
                 extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
-                init: Some(true),
+                // The image's runner is PID 1 itself (mango_runner::init):
+                // a docker-init above it would be dumpable by tools.
+                init: Some(false),
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("json-file".into()),
+                    config: Some(HashMap::from([
+                        ("max-size".to_string(), self.args.log_max_size.clone()),
+                        ("max-file".to_string(), self.args.log_max_files.to_string()),
+                    ])),
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -475,8 +585,7 @@ impl Launcher for DockerLauncher {
         }
     }
 
-    /// SIGTERM to the container: `docker-init`, its PID 1, passes it to the
-    /// runner.
+    /// SIGTERM to the container: the runner's PID 1 passes it to the runner.
     async fn signal_stop(&self, sandbox: &Sandbox, _grace: Duration) -> Result<(), LaunchError> {
         let killed = self
             .docker
@@ -539,6 +648,7 @@ impl Launcher for DockerLauncher {
             .collect())
     }
 
+    /// The volume, then (bounded) its filesystem: unmounted and deleted.
     async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
         let name = session_volume(session_id);
         match self
@@ -546,9 +656,16 @@ impl Launcher for DockerLauncher {
             .remove_volume(&name, None::<RemoveVolumeOptions>)
             .await
         {
-            Ok(()) => Ok(()),
-            Err(err) if status_of(&err) == Some(404) => Ok(()),
-            Err(err) => Err(launch_error(err)),
+            Ok(()) => {}
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => return Err(launch_error(err)),
+        }
+        match &self.workspaces {
+            Some(workspaces) => workspaces
+                .remove(&name)
+                .await
+                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}"))),
+            None => Ok(()),
         }
     }
 }

@@ -1,0 +1,214 @@
+//! What a tool in a real Docker sandbox cannot do, tried from its `bash`
+//! as a malicious tool would (issue 25): reach PID 1 (its descriptors, its
+//! environment, its memory, stop it), stop the runner for good, leave
+//! zombies, or write past its workspace's and `/tmp`'s bounds into the
+//! host's disk.
+
+use crate::engine::{self, TEST_WORKSPACE_BYTES};
+use crate::support::{config, end_activation, turn, two_bash_turns, Running};
+use mango_controller::core::config::Config;
+use mango_controller::core::launcher::Launcher;
+use mango_controller::core::supervisor::RunEnd;
+use mango_controller::docker::{session_volume, DockerLauncher};
+use mango_testkit::{ScriptedModel, TestApp};
+use serde_json::{json, Value};
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+fn docker_config(api: &TestApp, pool: &str) -> Config {
+    let mut config = config(api, 1);
+    config.sandbox_base_url = engine::sandbox_base(api);
+    config.pool = pool.to_string();
+    config
+}
+
+/// The text of the last tool result.
+fn last_output(events: &[Value]) -> String {
+    events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "user.tool_result")
+        .and_then(|r| r["content"][0]["text"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Each probe prints `NAME=refused` or `NAME=<what it got>`.
+const PID1_PROBES: &str = r#"
+tr '\0' ' ' < /proc/1/cmdline; echo
+{ echo forged > /proc/1/fd/2; } 2>/dev/null && echo FD2=written || echo FD2=refused
+{ ls /proc/1/fd > /dev/null; } 2>/dev/null && echo FDS=listed || echo FDS=refused
+{ cat /proc/1/environ > /dev/null; } 2>/dev/null && echo ENVIRON=read || echo ENVIRON=refused
+{ exec 3< /proc/1/mem; } 2>/dev/null && echo MEM=opened || echo MEM=refused
+{ cat /proc/$PPID/environ > /dev/null; } 2>/dev/null && echo RUNNER_ENVIRON=read || echo RUNNER_ENVIRON=refused
+grep -q mango-runner /proc/$PPID/cmdline && echo PARENT=runner
+kill -STOP 1; sleep 0.3; echo "PID1_$(grep '^State' /proc/1/status | tr -d '\t ')"
+kill -STOP $PPID; sleep 0.5; echo "RUNNER_$(grep '^State' /proc/$PPID/status | tr -d '\t ')"
+bash -c 'sleep 0.2 & exit'; sleep 1
+zombies=0
+for stat in /proc/[0-9]*/stat; do
+  read -r line < "$stat" 2>/dev/null || continue
+  rest=${line##*) }; [ "${rest%% *}" = Z ] && zombies=$((zombies + 1))
+done
+echo ZOMBIES=$zombies
+"#;
+
+/// PID 1 is the runner binary, non-dumpable: a tool can neither write to
+/// its stderr (the container's log), list its descriptors, read its
+/// environment nor open its memory (what ptrace needs); SIGSTOP to it is
+/// dropped by the kernel, and a runner stopped by a tool is continued at
+/// once, so it still posts this result and answers the next turn. An
+/// orphan is reaped.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn pid_1_is_out_of_a_tools_reach(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let model = ScriptedModel::start(two_bash_turns(PID1_PROBES, "echo STILL-HERE")).await;
+    let api = engine
+        .api(
+            db,
+            mango_api::Settings {
+                model_base_url: Some(model.base.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+    let pool = engine::pool("pid1");
+    let args = engine.args(&api);
+    let running = Running::start(
+        &api,
+        docker_config(&api, &pool),
+        DockerLauncher::connect(&args, &pool).await.unwrap(),
+    )
+    .await;
+    let session =
+        mango_testkit::turns::session_with_tools(&api, json!([{"type": "agent_toolset_20260401"}]))
+            .await;
+    let events = turn(&api, &session, "probe", "ZOMBIES=", Duration::from_secs(90)).await;
+    let output = last_output(&events);
+    assert!(
+        output.starts_with("/usr/local/bin/mango-runner"),
+        "{output}"
+    );
+    for want in [
+        "FD2=refused",
+        "FDS=refused",
+        "ENVIRON=refused",
+        "MEM=refused",
+        "RUNNER_ENVIRON=refused",
+        "PARENT=runner",
+        "PID1_State:S(sleeping)",
+        "ZOMBIES=0",
+    ] {
+        assert!(output.contains(want), "{want} in {output}");
+    }
+    assert!(!output.contains("RUNNER_State:T"), "{output}");
+    // The runner goes on: the next turn is answered in the same sandbox.
+    let events = turn(
+        &api,
+        &session,
+        "again",
+        "STILL-HERE",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(last_output(&events).contains("STILL-HERE"));
+    // Nothing the tool wrote reached the container's log.
+    let containers = engine.containers(&pool).await;
+    assert_eq!(containers.len(), 1);
+    let logs: String = futures::StreamExt::collect::<Vec<_>>(engine.docker.logs(
+        containers[0].id.as_deref().unwrap(),
+        Some(bollard::query_parameters::LogsOptions {
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        }),
+    ))
+    .await
+    .into_iter()
+    .filter_map(|chunk| chunk.ok().map(|c| c.to_string()))
+    .collect();
+    assert!(!logs.contains("forged"), "{logs}");
+    end_activation(&api, &session).await;
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    engine.clean(&pool, &[&session]).await;
+}
+
+/// A tool that writes past its workspace's bound (32 MiB here) gets "No
+/// space left on device", and so past `/tmp`'s; the runner posts that
+/// result and the workspace stays usable; the host holds no more than the
+/// bound for it; the files outlive the activation, and removing the
+/// Session's workspace unmounts and deletes its filesystem.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_workspace_and_tmp_are_bounded(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let fill = "head -c 48M /dev/zero > big; echo WS_RC=$?; head -c 48M /dev/zero > /tmp/big; echo TMP_RC=$?; \
+                rm -f big /tmp/big; echo kept > kept.txt && echo AFTER-FILL";
+    let model = ScriptedModel::start(two_bash_turns(fill, "cat kept.txt")).await;
+    let api = engine
+        .api(
+            db,
+            mango_api::Settings {
+                model_base_url: Some(model.base.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+    let pool = engine::pool("disk");
+    let args = engine.args(&api);
+    let running = Running::start(
+        &api,
+        docker_config(&api, &pool),
+        DockerLauncher::connect(&args, &pool).await.unwrap(),
+    )
+    .await;
+    let session =
+        mango_testkit::turns::session_with_tools(&api, json!([{"type": "agent_toolset_20260401"}]))
+            .await;
+    let events = turn(
+        &api,
+        &session,
+        "fill",
+        "AFTER-FILL",
+        Duration::from_secs(90),
+    )
+    .await;
+    let output = last_output(&events);
+    assert_eq!(
+        output.matches("No space left on device").count(),
+        2,
+        "{output}"
+    );
+    assert!(
+        output.contains("WS_RC=1") && output.contains("TMP_RC=1"),
+        "{output}"
+    );
+    let volume = session_volume(&session);
+    let workspaces = engine.workspaces();
+    let image = std::fs::metadata(workspaces.image(&volume)).unwrap();
+    assert!(
+        image.blocks() * 512 <= TEST_WORKSPACE_BYTES,
+        "the host holds {} bytes for a {TEST_WORKSPACE_BYTES}-byte workspace",
+        image.blocks() * 512
+    );
+    end_activation(&api, &session).await;
+    turn(&api, &session, "read", "kept", Duration::from_secs(90)).await;
+    end_activation(&api, &session).await;
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    engine.until_empty(&pool, Duration::from_secs(15)).await;
+
+    let launcher = DockerLauncher::connect(&args, &pool).await.unwrap();
+    launcher.remove_workspace(&session).await.unwrap();
+    assert!(engine.session_volumes(&session).await.is_empty());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let at = workspaces.mount_point(&volume);
+    assert!(
+        !mounts.contains(at.to_str().unwrap()),
+        "unmounted: {mounts}"
+    );
+    assert!(!workspaces.image(&volume).exists(), "its file is deleted");
+    engine.clean(&pool, &[&session]).await;
+}
