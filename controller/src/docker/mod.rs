@@ -10,8 +10,9 @@
 //! * a named volume per Session at `/workspace`, kept across activations
 //!   and bounded in size ([`workspace`]; a healthcheck gets a tmpfs there
 //!   instead);
-//! * the private network `mango-sandboxes`, with `host.docker.internal`
-//!   resolving to the host (`host-gateway`), where the api is reached;
+//! * the fenced network `mango-sandboxes` ([`fence`]), with
+//!   `host.docker.internal` resolving to its gateway, where the api is
+//!   reached, and nothing else is;
 //! * stdin attached before start, the secret written, stdin closed.
 
 use crate::core::launcher::{
@@ -25,16 +26,18 @@ use bollard::models::{
     MountTypeEnum, NetworkCreateRequest, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
-    ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
-    StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, InspectNetworkOptions, KillContainerOptions,
+    ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
 use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+pub mod fence;
 pub mod workspace;
 use workspace::{WorkspaceSize, Workspaces};
 
@@ -56,9 +59,20 @@ pub struct DockerArgs {
     /// The sandbox image (built offline by scripts/sandbox-image.sh).
     #[arg(long, env = "MANGO_DOCKER_IMAGE", default_value = "mango-sandbox:dev")]
     pub image: String,
-    /// The private network sandboxes join (created when missing).
+    /// The fenced network sandboxes join (created when missing; see
+    /// docs/supervisor.md, "What a sandbox can reach").
     #[arg(long, env = "MANGO_DOCKER_NETWORK", default_value = "mango-sandboxes")]
     pub network: String,
+    /// Firewall the host from sandboxes: iptables rules by which packets
+    /// from the network's bridge reach the api's port on the gateway only.
+    /// `false` leaves every host port open to sandboxes (logged at every
+    /// start).
+    #[arg(long, env = "MANGO_DOCKER_HOST_FENCE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub host_fence: bool,
+    /// More ports on the gateway sandboxes may reach, besides the api's
+    /// (the egress proxy's): set by the code that runs that peer.
+    #[arg(skip)]
+    pub extra_peer_ports: Vec<u16>,
     /// Memory limit of each sandbox, MiB.
     #[arg(long, env = "MANGO_SANDBOX_MEMORY_MIB", default_value_t = 512)]
     pub memory_mib: i64,
@@ -114,6 +128,7 @@ pub struct DockerLauncher {
     pool: String,
     /// `None` when workspaces are unbounded.
     workspaces: Option<Workspaces>,
+    network: FencedNetwork,
 }
 
 /// The bounded workspaces `args` ask for, or why they cannot be had here.
@@ -199,7 +214,22 @@ pub fn session_volume(session_id: &str) -> String {
     format!("mango-session-{id}")
 }
 
-/// Makes the network `name` when it is missing, and leaves one of that name.
+/// A sandbox network as the launcher uses it.
+#[derive(Debug, Clone)]
+pub struct FencedNetwork {
+    pub id: String,
+    /// The host's address on the bridge: where the api listens for
+    /// sandboxes, and what `host.docker.internal` resolves to in them.
+    pub gateway: Ipv4Addr,
+    /// The bridge's interface on the host.
+    pub bridge: String,
+}
+
+/// Makes the fenced network `name` when it is missing ([`fence`]:
+/// internal, inter-container traffic off), and leaves one of that name.
+/// One made before the fence (ours, unfenced) is made again when no
+/// container uses it, and refused otherwise, as is a fenceless one made by
+/// someone else.
 ///
 /// Engines before API 1.44 let two creates of one name both succeed, so
 /// supervisors starting together on a fresh engine can make two networks
@@ -207,12 +237,84 @@ pub fn session_volume(session_id: &str) -> String {
 /// names it ("ambiguous", even by id). So every supervisor keeps the
 /// oldest and removes the others it finds with this product's label:
 /// nothing can have joined them.
-async fn ensure_network(docker: &Docker, name: &str) -> Result<(), LaunchError> {
+pub async fn fenced_network(docker: &Docker, name: &str) -> Result<FencedNetwork, LaunchError> {
+    for _ in 0..3 {
+        let id = one_network(docker, name).await?;
+        let network = docker
+            .inspect_network(&id, None::<InspectNetworkOptions>)
+            .await
+            .map_err(launch_error)?;
+        let options = network.options.clone().unwrap_or_default();
+        let fenced = network.internal == Some(true)
+            && options.get(fence::ICC_OPTION).map(String::as_str) == Some("false");
+        if fenced {
+            let gateway = network
+                .ipam
+                .as_ref()
+                .and_then(|ipam| ipam.config.as_ref())
+                .and_then(|configs| {
+                    configs
+                        .iter()
+                        .find_map(|c| c.gateway.as_deref()?.parse().ok())
+                })
+                .ok_or_else(|| {
+                    LaunchError::Missing(format!("the network {name} has no IPv4 gateway"))
+                })?;
+            let bridge = options
+                .get(fence::BRIDGE_NAME_OPTION)
+                .cloned()
+                .unwrap_or_else(|| format!("br-{}", &id[..12.min(id.len())]));
+            return Ok(FencedNetwork {
+                id,
+                gateway,
+                bridge,
+            });
+        }
+        let ours = network
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(naming::LABEL_MANAGED_BY))
+            .is_some_and(|v| v == naming::MANAGED_BY);
+        let in_use = network.containers.as_ref().is_some_and(|c| !c.is_empty());
+        if !ours || in_use {
+            return Err(LaunchError::Missing(format!(
+                "the network {name} is not fenced (it must be internal, with {}=false){}: \
+                 remove it (`docker network rm {name}`) and the supervisor makes a fenced one",
+                fence::ICC_OPTION,
+                if in_use {
+                    ", and containers use it"
+                } else {
+                    ""
+                }
+            )));
+        }
+        tracing::warn!(
+            network = name,
+            "making the sandbox network again, fenced: it predates the fence"
+        );
+        match docker.remove_network(&id).await {
+            Ok(()) => {}
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => return Err(launch_error(err)),
+        }
+    }
+    Err(LaunchError::Failed(format!(
+        "the network {name} kept changing while it was being fenced"
+    )))
+}
+
+/// The id of the one network named `name`, made (fenced) when missing.
+async fn one_network(docker: &Docker, name: &str) -> Result<String, LaunchError> {
     if named_networks(docker, name).await?.is_empty() {
         let created = docker
             .create_network(NetworkCreateRequest {
                 name: name.to_string(),
                 driver: Some("bridge".into()),
+                internal: Some(true),
+                options: Some(HashMap::from([(
+                    fence::ICC_OPTION.to_string(),
+                    "false".to_string(),
+                )])),
                 labels: Some(HashMap::from([(
                     naming::LABEL_MANAGED_BY.to_string(),
                     naming::MANAGED_BY.to_string(),
@@ -238,7 +340,11 @@ async fn ensure_network(docker: &Docker, name: &str) -> Result<(), LaunchError> 
                 "could not remove a second network of this name; the engine refuses sandboxes on an ambiguous name"),
         }
     }
-    Ok(())
+    named
+        .into_iter()
+        .next()
+        .map(|n| n.id)
+        .ok_or_else(|| LaunchError::Failed(format!("the network {name} went as it was made")))
 }
 
 struct NamedNetwork {
@@ -308,13 +414,40 @@ impl DockerLauncher {
             Err(err) => return Err(launch_error(err)),
         }
         let workspaces = workspaces_of(args)?;
-        ensure_network(&docker, &args.network).await?;
+        let network = fenced_network(&docker, &args.network).await?;
+        let api = fence::api_peer(&args.sandbox_base_url, network.gateway)
+            .map_err(LaunchError::Missing)?;
+        if args.host_fence {
+            let mut peers = vec![api];
+            peers.extend(
+                args.extra_peer_ports
+                    .iter()
+                    .map(|port| SocketAddrV4::new(network.gateway, *port)),
+            );
+            fence::HostFence::of(&network.bridge)
+                .apply(&peers)
+                .await
+                .map_err(|why| LaunchError::Missing(format!(
+                    "the host fence of the network {} could not be set ({why}): run the supervisor as root on the \
+                     engine's host, or MANGO_DOCKER_HOST_FENCE=false to leave every host port open to sandboxes",
+                    args.network
+                )))?;
+        } else {
+            tracing::warn!(network = %args.network, gateway = %network.gateway,
+                "MANGO_DOCKER_HOST_FENCE=false: sandboxes reach every port the host listens on");
+        }
         Ok(DockerLauncher {
             docker,
             args: args.clone(),
             pool: pool.to_string(),
             workspaces,
+            network,
         })
+    }
+
+    /// The sandboxes' network.
+    pub fn network(&self) -> &FencedNetwork {
+        &self.network
     }
 
     /// The bounded workspaces, when they are.
@@ -429,7 +562,12 @@ impl DockerLauncher {
                 memory_swap: Some(self.args.memory_mib * 1024 * 1024),
                 nano_cpus: Some((self.args.cpus * 1e9) as i64),
                 network_mode: Some(self.args.network.clone()),
-                extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
+                // The gateway of the fenced network, the one host address
+                // a sandbox reaches (not host-gateway, on another bridge).
+                extra_hosts: Some(vec![format!(
+                    "host.docker.internal:{}",
+                    self.network.gateway
+                )]),
                 // The image's runner is PID 1 itself (mango_runner::init):
                 // a docker-init above it would be dumpable by tools.
                 init: Some(false),

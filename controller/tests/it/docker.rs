@@ -534,6 +534,16 @@ async fn supervisors_starting_together_make_one_network(db: sqlx::PgPool) {
     for id in &named {
         engine.docker.remove_network(id).await.ok();
     }
+    if let Some(bridge) = connected
+        .iter()
+        .find_map(|c| c.as_ref().ok())
+        .map(|l| l.network().bridge.clone())
+    {
+        mango_controller::docker::fence::HostFence::of(&bridge)
+            .remove()
+            .await
+            .expect("the throwaway network's fence goes");
+    }
     for launcher in connected {
         launcher.expect("every supervisor connects");
     }

@@ -212,3 +212,175 @@ async fn a_workspace_and_tmp_are_bounded(db: sqlx::PgPool) {
     assert!(!workspaces.image(&volume).exists(), "its file is deleted");
     engine.clean(&pool, &[&session]).await;
 }
+
+/// Tries a TCP connection from bash (`/dev/tcp`) and prints `open`,
+/// `refused`, or `dropped` when nothing answered within 3 s.
+const PROBE: &str = r#"probe() { bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null & p=$!
+  for ((i = 0; i < 30; i++)); do sleep 0.1; kill -0 $p 2>/dev/null || break; done
+  if kill -0 $p 2>/dev/null; then kill $p; echo "$3=dropped"
+  elif wait $p; then echo "$3=open"; else echo "$3=refused"; fi; }
+"#;
+
+/// A container of the sandbox image that only sleeps, on `network`: a
+/// neighbour or an "outside" host; its address.
+async fn bystander(engine: &engine::Engine, name: &str, network: &str) -> String {
+    use bollard::models::{ContainerCreateBody, HostConfig};
+    use bollard::query_parameters::{CreateContainerOptions, StartContainerOptions};
+    let created = engine
+        .docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.to_string()),
+                ..Default::default()
+            }),
+            ContainerCreateBody {
+                image: Some(engine.image.clone()),
+                entrypoint: Some(vec!["/bin/sleep".into(), "300".into()]),
+                cmd: Some(vec![]),
+                host_config: Some(HostConfig {
+                    network_mode: Some(network.to_string()),
+                    auto_remove: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a bystander container");
+    engine
+        .docker
+        .start_container(&created.id, None::<StartContainerOptions>)
+        .await
+        .expect("the bystander starts");
+    let inspected = engine
+        .docker
+        .inspect_container(
+            &created.id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    inspected.network_settings.unwrap().networks.unwrap()[network]
+        .ip_address
+        .clone()
+        .unwrap()
+}
+
+/// The reach table of docs/supervisor.md, Docker without an allowlist,
+/// tried from a Session's bash: the api (on the network's gateway) is
+/// open; another sandbox on the network, a host port other than the
+/// api's (on that gateway and on another host address), and a host
+/// outside (a container on a network of the test's own) are not; IPv6 is
+/// off.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_sandbox_reaches_the_api_and_nothing_else(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let tag = format!("{:08x}", rand::random::<u32>());
+    let neighbour = bystander(
+        &engine,
+        &format!("mango-test-neighbour-{tag}"),
+        engine::TEST_NETWORK,
+    )
+    .await;
+    let outside_net = format!("mango-test-outside-{tag}");
+    engine
+        .docker
+        .create_network(bollard::models::NetworkCreateRequest {
+            name: outside_net.clone(),
+            driver: Some("bridge".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("the outside network");
+    let outside_gateway = engine
+        .docker
+        .inspect_network(
+            &outside_net,
+            None::<bollard::query_parameters::InspectNetworkOptions>,
+        )
+        .await
+        .unwrap()
+        .ipam
+        .unwrap()
+        .config
+        .unwrap()[0]
+        .gateway
+        .clone()
+        .unwrap();
+    let outside = bystander(&engine, &format!("mango-test-outside-{tag}"), &outside_net).await;
+    // A host port other than the api's, on every host address.
+    let other = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+
+    let model = ScriptedModel::start(Vec::new()).await;
+    let api = engine
+        .api(
+            db,
+            mango_api::Settings {
+                model_base_url: Some(model.base.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+    let api_port = api.also[0].port();
+    let gateway = engine.gateway;
+    let script = format!(
+        "{PROBE}probe {gateway} {api_port} API; probe {gateway} {other_port} HOST_PORT; \
+         probe {outside_gateway} {other_port} HOST_OTHER_ADDRESS; probe {neighbour} 80 NEIGHBOUR; \
+         probe {outside} 80 OUTSIDE; echo IPV6_OFF=$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6); echo PROBED"
+    );
+    for (status, reply) in two_bash_turns(&script, "echo unused") {
+        model.push_reply(status, reply);
+    }
+    let pool = engine::pool("reach");
+    let args = engine.args(&api);
+    let running = Running::start(
+        &api,
+        docker_config(&api, &pool),
+        DockerLauncher::connect(&args, &pool).await.unwrap(),
+    )
+    .await;
+    let session =
+        mango_testkit::turns::session_with_tools(&api, json!([{"type": "agent_toolset_20260401"}]))
+            .await;
+    let events = turn(&api, &session, "probe", "PROBED", Duration::from_secs(120)).await;
+    let output = last_output(&events);
+    // The sandbox's own traffic to the api, and the probe's.
+    assert!(output.contains("API=open"), "{output}");
+    for fenced in ["HOST_PORT", "HOST_OTHER_ADDRESS", "NEIGHBOUR", "OUTSIDE"] {
+        assert!(
+            !output.contains(&format!("{fenced}=open")),
+            "{fenced}: {output}"
+        );
+        assert!(
+            output.contains(&format!("{fenced}=")),
+            "{fenced} probed: {output}"
+        );
+    }
+    // Packets to a closed port of a neighbour would be refused if they
+    // arrived: dropped, they did not.
+    assert!(output.contains("NEIGHBOUR=dropped"), "{output}");
+    assert!(output.contains("IPV6_OFF=1"), "{output}");
+    end_activation(&api, &session).await;
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    engine.clean(&pool, &[&session]).await;
+    drop(other);
+    for name in [
+        format!("mango-test-neighbour-{tag}"),
+        format!("mango-test-outside-{tag}"),
+    ] {
+        let _ = engine
+            .docker
+            .remove_container(
+                &name,
+                Some(bollard::query_parameters::RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await;
+    }
+    let _ = engine.docker.remove_network(&outside_net).await;
+}
