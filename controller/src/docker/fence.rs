@@ -21,7 +21,6 @@
 //! detached, may rely on them. It is rebuilt with the network.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
-use tokio::process::Command;
 
 /// The bridge option that turns inter-container traffic off.
 pub const ICC_OPTION: &str = "com.docker.network.bridge.enable_icc";
@@ -140,10 +139,9 @@ async fn ensure(chain: &str, rule: &[&str], at: At) -> Result<(), String> {
 
 /// `iptables -w …` (waiting for the xtables lock, which Docker also takes).
 async fn iptables(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("iptables")
+    let out = super::host::command("iptables")
         .arg("-w")
         .args(args)
-        .stdin(std::process::Stdio::null())
         .output()
         .await
         .map_err(|e| format!("iptables: {e}"))?;

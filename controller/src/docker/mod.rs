@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 pub mod fence;
+mod host;
 pub mod workspace;
 use workspace::{WorkspaceSize, Workspaces};
 

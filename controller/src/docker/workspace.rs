@@ -18,6 +18,7 @@
 //! volume unmounts the filesystem (the loop device is released with it)
 //! and deletes the file.
 
+use super::host;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::process::Command;
@@ -134,7 +135,7 @@ impl Workspaces {
         if fresh {
             self.format(&image).await?;
         }
-        run(Command::new("mount")
+        run(host::command("mount")
             .arg("-o")
             .arg("loop,nosuid,nodev")
             .arg(&image)
@@ -159,7 +160,7 @@ impl Workspaces {
             .await
             .map_err(|e| format!("sizing {}: {e}", partial.display()))?;
         drop(file);
-        run(Command::new("mkfs.ext4")
+        run(host::command("mkfs.ext4")
             .args(["-q", "-F", "-m", "0", "-E"])
             .arg(format!("root_owner={OWNER}"))
             .arg(&partial))
@@ -175,7 +176,7 @@ impl Workspaces {
         let _one = self.busy.lock().await;
         let mount = self.mount_point(volume);
         if is_mounted(&mount).await? {
-            run(Command::new("umount").arg(&mount)).await?;
+            run(host::command("umount").arg(&mount)).await?;
         }
         match tokio::fs::remove_dir_all(self.root.join(volume)).await {
             Ok(()) => Ok(()),
@@ -225,7 +226,6 @@ fn unescape(field: &str) -> String {
 async fn run(command: &mut Command) -> Result<(), String> {
     let shown = format!("{:?}", command.as_std());
     let out = command
-        .stdin(std::process::Stdio::null())
         .output()
         .await
         .map_err(|e| format!("{shown}: {e}"))?;

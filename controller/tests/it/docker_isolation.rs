@@ -384,3 +384,99 @@ async fn a_sandbox_reaches_the_api_and_nothing_else(db: sqlx::PgPool) {
     }
     let _ = engine.docker.remove_network(&outside_net).await;
 }
+
+/// A sandbox network from before the fence (a plain bridge this product
+/// made) is made again, fenced, when nothing uses it; while a container
+/// uses it, and when someone else made it, the supervisor refuses to
+/// start, saying what to do.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_unfenced_network_is_made_again_or_refused(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let api = engine.api(db, Default::default()).await;
+    let pool = engine::pool("oldnet");
+    let mut args = engine.args(&api);
+    args.network = format!("mango-test-oldnet-{:08x}", rand::random::<u32>());
+    // The host fence would be for a throwaway bridge: left out here.
+    args.host_fence = false;
+    let old = |labelled: bool| bollard::models::NetworkCreateRequest {
+        name: args.network.clone(),
+        driver: Some("bridge".into()),
+        labels: labelled.then(|| {
+            std::collections::HashMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "mango-worker".to_string(),
+            )])
+        }),
+        ..Default::default()
+    };
+    let inspect = async |name: &str| {
+        engine
+            .docker
+            .inspect_network(
+                name,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+            .unwrap()
+    };
+
+    // Ours, in use: refused.
+    let made = engine.docker.create_network(old(true)).await.unwrap();
+    let user = bystander(&engine, &format!("{}-user", args.network), &args.network).await;
+    let err = DockerLauncher::connect(&args, &pool)
+        .await
+        .err()
+        .expect("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("is not fenced")
+            && text.contains("containers use it")
+            && text.contains("docker network rm"),
+        "{text}"
+    );
+    assert_eq!(
+        inspect(&args.network).await.id.as_deref(),
+        Some(made.id.as_str()),
+        "{user}"
+    );
+    engine
+        .docker
+        .remove_container(
+            &format!("{}-user", args.network),
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+
+    // Ours, unused: made again, fenced.
+    let launcher = DockerLauncher::connect(&args, &pool)
+        .await
+        .expect("made again");
+    let again = inspect(&args.network).await;
+    assert_ne!(again.id.as_deref(), Some(made.id.as_str()));
+    assert_eq!(again.internal, Some(true));
+    assert_eq!(
+        again.options.unwrap()["com.docker.network.bridge.enable_icc"],
+        "false"
+    );
+    assert_eq!(launcher.network().id, again.id.clone().unwrap());
+    engine.docker.remove_network(&args.network).await.unwrap();
+
+    // Someone else's: refused, and left as it is.
+    let theirs = engine.docker.create_network(old(false)).await.unwrap();
+    let err = DockerLauncher::connect(&args, &pool)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("is not fenced"), "{err}");
+    assert_eq!(
+        inspect(&args.network).await.id.as_deref(),
+        Some(theirs.id.as_str())
+    );
+    engine.docker.remove_network(&args.network).await.unwrap();
+}
