@@ -35,8 +35,8 @@ use crate::measure::{ms, percentile};
 use anyhow::{bail, Context};
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, LogsOptions,
-    RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use chrono::{DateTime, Utc};
