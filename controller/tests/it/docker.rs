@@ -410,7 +410,7 @@ async fn misbehaving_runners_are_removed(db: sqlx::PgPool) {
             launcher(&args, &pool).await,
         )
         .await;
-        let (_, work_id) = queued_session(&api).await;
+        let (session, work_id) = queued_session(&api).await;
         let first = format!(
             "/{}",
             mango_controller::core::naming::sandbox_name(&work_id, 1)
@@ -450,6 +450,8 @@ async fn misbehaving_runners_are_removed(db: sqlx::PgPool) {
         if stored["state"] != "stopped" {
             api.stop_work(&work_id, true).await;
         }
+        // Its workspace is a mounted filesystem: unmounted and deleted.
+        engine.clean(&pool, &[&session]).await;
         let _ = engine
             .docker
             .remove_image(
