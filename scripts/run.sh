@@ -35,16 +35,35 @@ if [ "$MANGO_LAUNCHER" = docker ]; then
   say "==> the sandbox image"
   MANGO_RUNNER_BIN="$ROOT/target/release/mango-runner" scripts/sandbox-image.sh
   IMAGE="${MANGO_SANDBOX_IMAGE:-mango-sandbox:dev}"
-  # Sandboxes reach the host as host.docker.internal (host-gateway); the api
-  # serves them there on a listener of their own, which has only the routes a
-  # runner uses and its own per-peer connection cap (docs/protocol.md,
-  # "Connections"), so a flooding sandbox cannot lock operators out.
-  GATEWAY="$(docker run --rm --network none --add-host host.docker.internal:host-gateway \
-      --entrypoint /bin/cat "$IMAGE" /etc/hosts | awk '$2 == "host.docker.internal" { print $1; exit }')"
-  [ -n "$GATEWAY" ] || { say "could not learn the address host-gateway gives sandboxes"; exit 1; }
+  # Sandboxes join the fenced network (docs/supervisor.md, "What a sandbox
+  # can reach") and reach the host only as host.docker.internal, its
+  # gateway, at one port: the api's sandbox listener, which has only the
+  # routes a runner uses and its own per-peer connection cap
+  # (docs/protocol.md, "Connections"), so a flooding sandbox cannot lock
+  # operators out. The network is
+  # made here as the supervisor would make it (it refuses one without the
+  # fence), so its gateway is known before the api starts; one from before
+  # the fence is made again when nothing uses it.
+  NETWORK="${MANGO_DOCKER_NETWORK:-mango-sandboxes}"
+  FENCED='{{.Internal}} {{index .Options "com.docker.network.bridge.enable_icc"}}'
+  if [ "$(docker network inspect -f "$FENCED" "$NETWORK" 2>/dev/null || true)" != "true false" ]; then
+    docker network rm "$NETWORK" >/dev/null 2>&1 || true
+    docker network create --internal -o com.docker.network.bridge.enable_icc=false \
+      --label app.kubernetes.io/managed-by=mango-worker "$NETWORK" >/dev/null \
+      || { say "could not make the fenced network $NETWORK (containers still use an old one? docker network inspect $NETWORK)"; exit 1; }
+  fi
+  GATEWAY="$(docker network inspect -f '{{range .IPAM.Config}}{{.Gateway}} {{end}}' "$NETWORK" | awk '{ print $1 }')"
+  [ -n "$GATEWAY" ] || { say "the network $NETWORK has no gateway address"; exit 1; }
   SANDBOX_PORT="${MANGO_SANDBOX_PORT:-8081}"
   export MANGO_LISTEN_ADDR="$LISTEN"
   export MANGO_SANDBOX_LISTEN_ADDR="$GATEWAY:$SANDBOX_PORT"
+  # Bounded workspaces are filesystems the supervisor mounts, and the host
+  # fence is iptables rules: both need root on the engine's host.
+  if [ "$(id -u)" != 0 ]; then
+    say "==> not root: Session workspaces are unbounded and the host's ports are open to sandboxes"
+    say "    (MANGO_WORKSPACE_SIZE, MANGO_DOCKER_HOST_FENCE; docs/supervisor.md, \"What a sandbox can reach\")"
+    export MANGO_WORKSPACE_SIZE="${MANGO_WORKSPACE_SIZE:-unbounded}" MANGO_DOCKER_HOST_FENCE="${MANGO_DOCKER_HOST_FENCE:-false}"
+  fi
 else
   export MANGO_LISTEN_ADDR="$LISTEN"
   # Local runners share the host's filesystem: Sessions mount their Memory

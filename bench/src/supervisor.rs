@@ -35,8 +35,8 @@ use crate::measure::{ms, percentile};
 use anyhow::{bail, Context};
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, LogsOptions,
-    RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use chrono::{DateTime, Utc};
@@ -95,8 +95,8 @@ pub struct DockerEnv {
     docker: Docker,
     image: String,
     version: String,
-    /// What `host.docker.internal:host-gateway` gives a container: the api
-    /// listens there too, for the sandboxes.
+    /// The fenced sandbox network's gateway (`host.docker.internal` in a
+    /// sandbox): the api listens there too, for the sandboxes.
     pub gateway: IpAddr,
 }
 
@@ -121,77 +121,17 @@ pub async fn docker_env(image: &str) -> Result<DockerEnv, String> {
              (`make bench-supervisor` does)"
         ));
     }
-    let gateway = host_gateway(&docker, image)
+    // The default network's, as `mango-worker docker` makes it.
+    let gateway = mango_controller::docker::fenced_network(&docker, "mango-sandboxes")
         .await
-        .map_err(|e| format!("cannot tell where sandboxes reach the host: {e:#}"))?;
+        .map(|network| IpAddr::V4(network.gateway))
+        .map_err(|e| format!("cannot tell where sandboxes reach the host: {e}"))?;
     Ok(DockerEnv {
         docker,
         image: image.to_string(),
         version,
         gateway,
     })
-}
-
-/// Reads `host.docker.internal` from a probe container's `/etc/hosts`.
-async fn host_gateway(docker: &Docker, image: &str) -> anyhow::Result<IpAddr> {
-    let name = format!("mango-bench-gateway-probe-{}", std::process::id());
-    let created = docker
-        .create_container(
-            Some(CreateContainerOptions {
-                name: Some(name),
-                ..Default::default()
-            }),
-            ContainerCreateBody {
-                image: Some(image.to_string()),
-                entrypoint: Some(vec!["/bin/cat".into(), "/etc/hosts".into()]),
-                cmd: Some(vec![]),
-                host_config: Some(bollard::models::HostConfig {
-                    extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        )
-        .await
-        .context("creating a probe container")?;
-    let read = async {
-        docker
-            .start_container(&created.id, None::<StartContainerOptions>)
-            .await?;
-        let _ = docker
-            .wait_container(&created.id, None::<WaitContainerOptions>)
-            .collect::<Vec<_>>()
-            .await;
-        let hosts: String = docker
-            .logs(
-                &created.id,
-                Some(LogsOptions {
-                    stdout: true,
-                    ..Default::default()
-                }),
-            )
-            .filter_map(|chunk| async move { chunk.ok().map(|c| c.to_string()) })
-            .collect()
-            .await;
-        anyhow::Ok(hosts)
-    }
-    .await;
-    let _ = docker
-        .remove_container(
-            &created.id,
-            Some(RemoveContainerOptions {
-                force: true,
-                ..Default::default()
-            }),
-        )
-        .await;
-    let hosts = read.context("running the probe container")?;
-    hosts
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("host.docker.internal"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|ip| ip.parse().ok())
-        .with_context(|| format!("no host.docker.internal in the probe's /etc/hosts: {hosts}"))
 }
 
 /// The Docker launcher's arguments exactly as `mango-worker docker` would

@@ -4,7 +4,7 @@
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
-//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
+//! Stores, [`init`] the runner as its sandbox's PID 1, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
 //! [`threads`] the threads made at start, [`tool_result`] a result sized
 //! for the api.
 
@@ -12,6 +12,7 @@ pub mod calls;
 pub mod exit;
 pub mod healthcheck;
 pub mod heartbeat;
+pub mod init;
 pub mod item;
 pub mod memory;
 pub mod prepare;

@@ -2,6 +2,7 @@
 //! Identity comes from the environment; the Work secret arrives once on stdin.
 
 use clap::Parser;
+use mango_runner::init::{self, Role};
 use mango_runner::item::{self, Identity};
 use std::process::ExitCode;
 
@@ -14,5 +15,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // PID 1 of a sandbox forks the runner and stays its reaper (init.rs).
+    if let Role::Exited(code) = init::start() {
+        return code;
+    }
     item::run(Cli::parse().identity)
 }

@@ -156,6 +156,12 @@ async fn a_session_runs_hardened_and_its_next_activation_sees_its_files(db: sqlx
     assert_eq!(host.pids_limit, Some(128));
     assert_eq!(host.memory, Some(256 * 1024 * 1024));
     assert_eq!(host.nano_cpus, Some(1_000_000_000));
+    assert_eq!(host.init, Some(false), "the runner is PID 1 itself");
+    let log = host.log_config.clone().unwrap();
+    assert_eq!(log.typ.as_deref(), Some("json-file"));
+    let bounds = log.config.unwrap();
+    assert_eq!(bounds["max-size"], "1m");
+    assert_eq!(bounds["max-file"], "2");
     let mounts = inspected.mounts.clone().unwrap();
     assert!(
         mounts.iter().any(
@@ -186,7 +192,7 @@ async fn a_session_runs_hardened_and_its_next_activation_sees_its_files(db: sqlx
 
 /// Stop of a running item removes its container within 15 s, whether the
 /// Stop is forced or lets the holder finish. A graceful one reaches the
-/// runner as SIGTERM (through `docker-init`), and the runner exits by
+/// runner as SIGTERM (through the runner's PID 1), and the runner exits by
 /// itself with 7 (`signalled`): within 15 s, which is shorter than the
 /// stopping grace after which the container would be removed by force.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
@@ -336,9 +342,20 @@ async fn launch_faults_are_reported_and_leave_nothing(db: sqlx::PgPool) {
         "{err}"
     );
 
-    // A volume driver that does not exist: the Session's item cannot start.
+    // Another volume driver cannot be bounded by the supervisor: refused
+    // at start unless the workspaces are declared unbounded.
     let mut no_volume = engine.args(&api);
     no_volume.volume_driver = "no-such-volume-driver".into();
+    let err = DockerLauncher::connect(&no_volume, &pool)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, LaunchError::Missing(m) if m.contains("`local` volume driver") && m.contains("MANGO_WORKSPACE_SIZE=unbounded")),
+        "{err:?}"
+    );
+    // A volume driver that does not exist: the Session's item cannot start.
+    no_volume.workspace_size = mango_controller::docker::workspace::WorkspaceSize::Unbounded;
     let running = Running::start(
         &api,
         docker_config(&api, &pool, 2),
@@ -393,7 +410,7 @@ async fn misbehaving_runners_are_removed(db: sqlx::PgPool) {
             launcher(&args, &pool).await,
         )
         .await;
-        let (_, work_id) = queued_session(&api).await;
+        let (session, work_id) = queued_session(&api).await;
         let first = format!(
             "/{}",
             mango_controller::core::naming::sandbox_name(&work_id, 1)
@@ -433,6 +450,8 @@ async fn misbehaving_runners_are_removed(db: sqlx::PgPool) {
         if stored["state"] != "stopped" {
             api.stop_work(&work_id, true).await;
         }
+        // Its workspace is a mounted filesystem: unmounted and deleted.
+        engine.clean(&pool, &[&session]).await;
         let _ = engine
             .docker
             .remove_image(
@@ -516,6 +535,16 @@ async fn supervisors_starting_together_make_one_network(db: sqlx::PgPool) {
         .collect();
     for id in &named {
         engine.docker.remove_network(id).await.ok();
+    }
+    if let Some(bridge) = connected
+        .iter()
+        .find_map(|c| c.as_ref().ok())
+        .map(|l| l.network().bridge.clone())
+    {
+        mango_controller::docker::fence::HostFence::of(&bridge)
+            .remove()
+            .await
+            .expect("the throwaway network's fence goes");
     }
     for launcher in connected {
         launcher.expect("every supervisor connects");

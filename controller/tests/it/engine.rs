@@ -1,7 +1,7 @@
 //! The real Docker Engine for the Docker launcher's tests: found or
 //! skipped (failing instead when `CI` is set), the sandbox image, the
-//! bridge's gateway where sandboxes reach the test's api, and what a pool
-//! left behind.
+//! fenced test network's gateway where sandboxes reach the test's api, and
+//! what a pool left behind.
 
 use bollard::models::{ContainerConfig, ContainerCreateBody, ContainerSummary};
 use bollard::query_parameters::{
@@ -10,7 +10,8 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use futures::StreamExt;
-use mango_controller::docker::DockerArgs;
+use mango_controller::docker::workspace::{WorkspaceSize, Workspaces};
+use mango_controller::docker::{fenced_network, DockerArgs};
 use mango_testkit::TestApp;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -21,8 +22,8 @@ pub struct Engine {
     /// `make test` builds first as `mango-sandbox:test`; default
     /// `mango-sandbox:dev`).
     pub image: String,
-    /// What `host-gateway` resolves to in a sandbox: where the test's api
-    /// listens for them.
+    /// The gateway of the fenced test network, where `host.docker.internal`
+    /// resolves in a sandbox: where the test's api listens for them.
     pub gateway: IpAddr,
 }
 
@@ -53,7 +54,10 @@ pub async fn engine() -> Option<Engine> {
             "the sandbox image {image} is missing ({err}): build it with scripts/sandbox-image.sh"
         ));
     }
-    let gateway = host_gateway(&docker, &image).await;
+    let gateway = match fenced_network(&docker, TEST_NETWORK).await {
+        Ok(network) => IpAddr::V4(network.gateway),
+        Err(err) => return unavailable(format!("the fenced test network {TEST_NETWORK}: {err}")),
+    };
     Some(Engine {
         docker,
         image,
@@ -76,13 +80,24 @@ impl Engine {
             docker_host: None,
             sandbox_base_url: sandbox_base(api),
             image: self.image.clone(),
-            network: "mango-sandboxes".into(),
+            network: TEST_NETWORK.into(),
+            host_fence: true,
+            extra_peer_ports: Vec::new(),
             memory_mib: 256,
             cpus: 1.0,
             pids: 128,
             volume_driver: "local".into(),
             tmpfs_mib: 32,
+            workspace_size: WorkspaceSize::Bytes(TEST_WORKSPACE_BYTES),
+            workspace_root: workspace_root(),
+            log_max_size: "1m".into(),
+            log_max_files: 2,
         }
+    }
+
+    /// The bounded workspaces the tests' launchers make.
+    pub fn workspaces(&self) -> Workspaces {
+        Workspaces::new(&workspace_root(), TEST_WORKSPACE_BYTES)
     }
 
     /// The containers of `pool`, running or not.
@@ -153,13 +168,12 @@ impl Engine {
                 .await;
         }
         for session in sessions {
+            let volume = mango_controller::docker::session_volume(session);
             let _ = self
                 .docker
-                .remove_volume(
-                    &mango_controller::docker::session_volume(session),
-                    None::<RemoveVolumeOptions>,
-                )
+                .remove_volume(&volume, None::<RemoveVolumeOptions>)
                 .await;
+            let _ = self.workspaces().remove(&volume).await;
         }
     }
 
@@ -226,6 +240,20 @@ impl Engine {
     }
 }
 
+/// The fenced network of the tests' sandboxes: apart from the default one,
+/// so that tests never meet sandboxes of a supervisor running here.
+pub const TEST_NETWORK: &str = "mango-test-sandboxes";
+
+/// Each test workspace's size: small, so filling one is quick.
+pub const TEST_WORKSPACE_BYTES: u64 = 32 << 20;
+
+/// Where the tests' bounded workspaces live (`MANGO_TEST_WORKSPACE_ROOT`).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::env::var_os("MANGO_TEST_WORKSPACE_ROOT")
+        .map(Into::into)
+        .unwrap_or_else(|| std::env::temp_dir().join("mango-test-workspaces"))
+}
+
 /// The api's URL as sandboxes see it.
 pub fn sandbox_base(api: &TestApp) -> String {
     let port = api
@@ -273,76 +301,4 @@ pub fn assert_no_secret(what: &str, text: &str) {
             assert!(secretish < 8, "{what} contains {marker}…: {text}");
         }
     }
-}
-
-/// The address `host.docker.internal:host-gateway` gives a container (the
-/// default bridge's, unless the daemon names another), read from a
-/// container's `/etc/hosts` once per test process.
-async fn host_gateway(docker: &Docker, image: &str) -> IpAddr {
-    static GATEWAY: tokio::sync::OnceCell<IpAddr> = tokio::sync::OnceCell::const_new();
-    *GATEWAY
-        .get_or_init(|| async {
-            let name = format!("mango-gateway-probe-{}", std::process::id());
-            let created = docker
-                .create_container(
-                    Some(CreateContainerOptions {
-                        name: Some(name),
-                        ..Default::default()
-                    }),
-                    ContainerCreateBody {
-                        image: Some(image.to_string()),
-                        entrypoint: Some(vec!["/bin/cat".into(), "/etc/hosts".into()]),
-                        host_config: Some(bollard::models::HostConfig {
-                            extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .expect("a probe container");
-            docker
-                .start_container(
-                    &created.id,
-                    None::<bollard::query_parameters::StartContainerOptions>,
-                )
-                .await
-                .expect("the probe starts");
-            let _ = docker
-                .wait_container(
-                    &created.id,
-                    None::<bollard::query_parameters::WaitContainerOptions>,
-                )
-                .collect::<Vec<_>>()
-                .await;
-            let hosts: String = docker
-                .logs(
-                    &created.id,
-                    Some(bollard::query_parameters::LogsOptions {
-                        stdout: true,
-                        ..Default::default()
-                    }),
-                )
-                .filter_map(|chunk| async move { chunk.ok().map(|c| c.to_string()) })
-                .collect()
-                .await;
-            let _ = docker
-                .remove_container(
-                    &created.id,
-                    Some(RemoveContainerOptions {
-                        force: true,
-                        ..Default::default()
-                    }),
-                )
-                .await;
-            hosts
-                .lines()
-                .find(|l| l.split_whitespace().nth(1) == Some("host.docker.internal"))
-                .and_then(|l| l.split_whitespace().next())
-                .and_then(|ip| ip.parse().ok())
-                .unwrap_or_else(|| {
-                    panic!("host.docker.internal in the probe's /etc/hosts: {hosts}")
-                })
-        })
-        .await
 }

@@ -3,6 +3,7 @@
 mod chart;
 mod docker;
 mod docker_api_flood;
+mod docker_isolation;
 mod docker_memory;
 mod engine;
 mod faults;

@@ -50,6 +50,15 @@ impl Host<'_> {
                     ("MANGO_DOCKER_BASE_URL", engine::sandbox_base(api)),
                     ("MANGO_DOCKER_IMAGE", engine.image.clone()),
                     ("MANGO_POOL", pool.clone()),
+                    ("MANGO_DOCKER_NETWORK", engine::TEST_NETWORK.to_string()),
+                    (
+                        "MANGO_DOCKER_WORKSPACE_ROOT",
+                        engine::workspace_root().to_string_lossy().into_owned(),
+                    ),
+                    (
+                        "MANGO_WORKSPACE_SIZE",
+                        engine::TEST_WORKSPACE_BYTES.to_string(),
+                    ),
                 ]);
                 vec!["docker"]
             }

@@ -2,14 +2,17 @@
 //! container per item, through the Docker Engine API (bollard):
 //! * a non-root user, every capability dropped, `no-new-privileges`, a
 //!   read-only root with a tmpfs `/tmp` (and, for Session Work, one at
-//!   `/mnt/memory` for its Memory Stores), pids, memory and CPU limits, and
-//!   `docker-init` as PID 1 to reap what tools leave behind;
+//!   `/mnt/memory` for its Memory Stores), pids, memory and CPU limits, a
+//!   bounded log, and the runner itself as PID 1 (non-dumpable, reaping
+//!   what tools leave behind: `mango_runner::init`), no `docker-init`;
 //! * the identity of spec §7 in the environment, the labels of
 //!   [`crate::core::naming`], and no credential anywhere in its config;
 //! * a named volume per Session at `/workspace`, kept across activations
-//!   (a healthcheck gets a tmpfs there instead);
-//! * the private network `mango-sandboxes`, with `host.docker.internal`
-//!   resolving to the host (`host-gateway`), where the api is reached;
+//!   and bounded in size ([`workspace`]; a healthcheck gets a tmpfs there
+//!   instead);
+//! * the fenced network `mango-sandboxes` ([`fence`]), with
+//!   `host.docker.internal` resolving to its gateway, where the api is
+//!   reached, and nothing else is;
 //! * stdin attached before start, the secret written, stdin closed.
 
 use crate::core::launcher::{
@@ -19,19 +22,25 @@ use crate::core::naming;
 use crate::core::secret::Secret;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
-    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, Mount, MountTypeEnum,
-    NetworkCreateRequest, VolumeCreateOptions,
+    ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, HostConfigLogConfig, Mount,
+    MountTypeEnum, NetworkCreateRequest, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, KillContainerOptions, ListContainersOptions,
-    ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
-    StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, InspectNetworkOptions, KillContainerOptions,
+    ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
 use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
+
+pub mod fence;
+mod host;
+pub mod workspace;
+use workspace::{WorkspaceSize, Workspaces};
 
 const ENGINE: &str = "Docker engine";
 /// The runner's user (the image's `nobody`): never root.
@@ -51,9 +60,20 @@ pub struct DockerArgs {
     /// The sandbox image (built offline by scripts/sandbox-image.sh).
     #[arg(long, env = "MANGO_DOCKER_IMAGE", default_value = "mango-sandbox:dev")]
     pub image: String,
-    /// The private network sandboxes join (created when missing).
+    /// The fenced network sandboxes join (created when missing; see
+    /// docs/supervisor.md, "What a sandbox can reach").
     #[arg(long, env = "MANGO_DOCKER_NETWORK", default_value = "mango-sandboxes")]
     pub network: String,
+    /// Firewall the host from sandboxes: iptables rules by which packets
+    /// from the network's bridge reach the api's port on the gateway only.
+    /// `false` leaves every host port open to sandboxes (logged at every
+    /// start).
+    #[arg(long, env = "MANGO_DOCKER_HOST_FENCE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub host_fence: bool,
+    /// More ports on the gateway sandboxes may reach, besides the api's
+    /// (the egress proxy's): set by the code that runs that peer.
+    #[arg(skip)]
+    pub extra_peer_ports: Vec<u16>,
     /// Memory limit of each sandbox, MiB.
     #[arg(long, env = "MANGO_SANDBOX_MEMORY_MIB", default_value_t = 512)]
     pub memory_mib: i64,
@@ -69,12 +89,76 @@ pub struct DockerArgs {
     /// Size of each sandbox's tmpfs `/tmp` (and a healthcheck's `/workspace`), MiB.
     #[arg(long, env = "MANGO_SANDBOX_TMPFS_MIB", default_value_t = 64)]
     pub tmpfs_mib: i64,
+    /// Size of each Session's workspace (`1Gi`, `512Mi`: the chart's PVC
+    /// default and format), or `unbounded` (then one Session can fill the
+    /// host's disk; logged at every start).
+    #[arg(long, env = "MANGO_WORKSPACE_SIZE", default_value = "1Gi")]
+    pub workspace_size: WorkspaceSize,
+    /// Where bounded workspaces' filesystems live, on the engine's host.
+    #[arg(
+        long,
+        env = "MANGO_DOCKER_WORKSPACE_ROOT",
+        default_value = "/var/lib/mango/workspaces"
+    )]
+    pub workspace_root: std::path::PathBuf,
+    /// Largest log file of each sandbox before it is rotated (json-file's
+    /// `max-size`: `10m`, `512k`).
+    #[arg(long, env = "MANGO_SANDBOX_LOG_MAX_SIZE", default_value = "10m", value_parser = log_size)]
+    pub log_max_size: String,
+    /// Log files kept per sandbox (json-file's `max-file`).
+    #[arg(long, env = "MANGO_SANDBOX_LOG_MAX_FILES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub log_max_files: u32,
+}
+
+/// A json-file `max-size`: a whole number and `k`, `m` or `g`.
+fn log_size(given: &str) -> Result<String, String> {
+    let (digits, unit) = given.split_at(given.len().saturating_sub(1));
+    let number = digits.parse::<u64>().ok().filter(|n| *n > 0);
+    match (number, unit) {
+        (Some(_), "k" | "m" | "g") => Ok(given.to_string()),
+        _ => Err(format!(
+            "log size {given:?}: a whole number and k, m or g (e.g. 10m)"
+        )),
+    }
 }
 
 pub struct DockerLauncher {
     docker: Docker,
     args: DockerArgs,
     pool: String,
+    /// `None` when workspaces are unbounded.
+    workspaces: Option<Workspaces>,
+    network: FencedNetwork,
+}
+
+/// The bounded workspaces `args` ask for, or why they cannot be had here.
+fn workspaces_of(args: &DockerArgs) -> Result<Option<Workspaces>, LaunchError> {
+    let WorkspaceSize::Bytes(bytes) = args.workspace_size else {
+        tracing::warn!(
+            "MANGO_WORKSPACE_SIZE=unbounded: a Session's workspace can fill the Docker host's disk"
+        );
+        return Ok(None);
+    };
+    let unbounded = "or MANGO_WORKSPACE_SIZE=unbounded to run without a bound";
+    if args.volume_driver != "local" {
+        return Err(LaunchError::Missing(format!(
+            "a bounded workspace needs the `local` volume driver, not {:?} ({unbounded}, bounded by that driver)",
+            args.volume_driver
+        )));
+    }
+    if !args.workspace_root.is_absolute() {
+        return Err(LaunchError::Missing(format!(
+            "MANGO_DOCKER_WORKSPACE_ROOT must be absolute: {}",
+            args.workspace_root.display()
+        )));
+    }
+    if !rustix::process::geteuid().is_root() {
+        return Err(LaunchError::Missing(format!(
+            "bounded workspaces are filesystems the supervisor mounts: run it as root on the engine's host ({unbounded})"
+        )));
+    }
+    Ok(Some(Workspaces::new(&args.workspace_root, bytes)))
 }
 
 /// A Docker error as a launch error: an engine that did not answer is
@@ -131,7 +215,22 @@ pub fn session_volume(session_id: &str) -> String {
     format!("mango-session-{id}")
 }
 
-/// Makes the network `name` when it is missing, and leaves one of that name.
+/// A sandbox network as the launcher uses it.
+#[derive(Debug, Clone)]
+pub struct FencedNetwork {
+    pub id: String,
+    /// The host's address on the bridge: where the api listens for
+    /// sandboxes, and what `host.docker.internal` resolves to in them.
+    pub gateway: Ipv4Addr,
+    /// The bridge's interface on the host.
+    pub bridge: String,
+}
+
+/// Makes the fenced network `name` when it is missing ([`fence`]:
+/// internal, inter-container traffic off), and leaves one of that name.
+/// One made before the fence (ours, unfenced) is made again when no
+/// container uses it, and refused otherwise, as is a fenceless one made by
+/// someone else.
 ///
 /// Engines before API 1.44 let two creates of one name both succeed, so
 /// supervisors starting together on a fresh engine can make two networks
@@ -139,12 +238,84 @@ pub fn session_volume(session_id: &str) -> String {
 /// names it ("ambiguous", even by id). So every supervisor keeps the
 /// oldest and removes the others it finds with this product's label:
 /// nothing can have joined them.
-async fn ensure_network(docker: &Docker, name: &str) -> Result<(), LaunchError> {
+pub async fn fenced_network(docker: &Docker, name: &str) -> Result<FencedNetwork, LaunchError> {
+    for _ in 0..3 {
+        let id = one_network(docker, name).await?;
+        let network = docker
+            .inspect_network(&id, None::<InspectNetworkOptions>)
+            .await
+            .map_err(launch_error)?;
+        let options = network.options.clone().unwrap_or_default();
+        let fenced = network.internal == Some(true)
+            && options.get(fence::ICC_OPTION).map(String::as_str) == Some("false");
+        if fenced {
+            let gateway = network
+                .ipam
+                .as_ref()
+                .and_then(|ipam| ipam.config.as_ref())
+                .and_then(|configs| {
+                    configs
+                        .iter()
+                        .find_map(|c| c.gateway.as_deref()?.parse().ok())
+                })
+                .ok_or_else(|| {
+                    LaunchError::Missing(format!("the network {name} has no IPv4 gateway"))
+                })?;
+            let bridge = options
+                .get(fence::BRIDGE_NAME_OPTION)
+                .cloned()
+                .unwrap_or_else(|| format!("br-{}", &id[..12.min(id.len())]));
+            return Ok(FencedNetwork {
+                id,
+                gateway,
+                bridge,
+            });
+        }
+        let ours = network
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(naming::LABEL_MANAGED_BY))
+            .is_some_and(|v| v == naming::MANAGED_BY);
+        let in_use = network.containers.as_ref().is_some_and(|c| !c.is_empty());
+        if !ours || in_use {
+            return Err(LaunchError::Missing(format!(
+                "the network {name} is not fenced (it must be internal, with {}=false){}: \
+                 remove it (`docker network rm {name}`) and the supervisor makes a fenced one",
+                fence::ICC_OPTION,
+                if in_use {
+                    ", and containers use it"
+                } else {
+                    ""
+                }
+            )));
+        }
+        tracing::warn!(
+            network = name,
+            "making the sandbox network again, fenced: it predates the fence"
+        );
+        match docker.remove_network(&id).await {
+            Ok(()) => {}
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => return Err(launch_error(err)),
+        }
+    }
+    Err(LaunchError::Failed(format!(
+        "the network {name} kept changing while it was being fenced"
+    )))
+}
+
+/// The id of the one network named `name`, made (fenced) when missing.
+async fn one_network(docker: &Docker, name: &str) -> Result<String, LaunchError> {
     if named_networks(docker, name).await?.is_empty() {
         let created = docker
             .create_network(NetworkCreateRequest {
                 name: name.to_string(),
                 driver: Some("bridge".into()),
+                internal: Some(true),
+                options: Some(HashMap::from([(
+                    fence::ICC_OPTION.to_string(),
+                    "false".to_string(),
+                )])),
                 labels: Some(HashMap::from([(
                     naming::LABEL_MANAGED_BY.to_string(),
                     naming::MANAGED_BY.to_string(),
@@ -170,7 +341,11 @@ async fn ensure_network(docker: &Docker, name: &str) -> Result<(), LaunchError> 
                 "could not remove a second network of this name; the engine refuses sandboxes on an ambiguous name"),
         }
     }
-    Ok(())
+    named
+        .into_iter()
+        .next()
+        .map(|n| n.id)
+        .ok_or_else(|| LaunchError::Failed(format!("the network {name} went as it was made")))
 }
 
 struct NamedNetwork {
@@ -239,26 +414,75 @@ impl DockerLauncher {
             }
             Err(err) => return Err(launch_error(err)),
         }
-        ensure_network(&docker, &args.network).await?;
+        let workspaces = workspaces_of(args)?;
+        let network = fenced_network(&docker, &args.network).await?;
+        let api = fence::api_peer(&args.sandbox_base_url, network.gateway)
+            .map_err(LaunchError::Missing)?;
+        if args.host_fence {
+            let mut peers = vec![api];
+            peers.extend(
+                args.extra_peer_ports
+                    .iter()
+                    .map(|port| SocketAddrV4::new(network.gateway, *port)),
+            );
+            fence::HostFence::of(&network.bridge)
+                .apply(&peers)
+                .await
+                .map_err(|why| LaunchError::Missing(format!(
+                    "the host fence of the network {} could not be set ({why}): run the supervisor as root on the \
+                     engine's host, or MANGO_DOCKER_HOST_FENCE=false to leave every host port open to sandboxes",
+                    args.network
+                )))?;
+        } else {
+            tracing::warn!(network = %args.network, gateway = %network.gateway,
+                "MANGO_DOCKER_HOST_FENCE=false: sandboxes reach every port the host listens on");
+        }
         Ok(DockerLauncher {
             docker,
             args: args.clone(),
             pool: pool.to_string(),
+            workspaces,
+            network,
         })
     }
 
+    /// The sandboxes' network.
+    pub fn network(&self) -> &FencedNetwork {
+        &self.network
+    }
+
+    /// The bounded workspaces, when they are.
+    pub fn workspaces(&self) -> Option<&Workspaces> {
+        self.workspaces.as_ref()
+    }
+
     /// The workspace mount: the Session's named volume, made if missing (an
-    /// existing one is kept as it is).
+    /// existing one is kept as it is). A bounded one is a bind of the
+    /// Session's filesystem, mounted first.
     async fn session_mount(
         &self,
         session_id: &str,
         environment_id: &str,
     ) -> Result<Mount, LaunchError> {
         let name = session_volume(session_id);
+        let mut driver_opts = None;
+        if let Some(workspaces) = &self.workspaces {
+            let at = workspaces
+                .ensure(&name)
+                .await
+                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}")))?;
+            driver_opts = Some(HashMap::from([
+                ("type".to_string(), "none".to_string()),
+                ("o".to_string(), "bind".to_string()),
+                ("device".to_string(), at.to_string_lossy().into_owned()),
+            ]));
+            self.warn_if_unbounded(&name, &at).await;
+        }
         self.docker
             .create_volume(VolumeCreateOptions {
                 name: Some(name.clone()),
                 driver: Some(self.args.volume_driver.clone()),
+                driver_opts,
                 labels: Some(HashMap::from([
                     (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
                     (
@@ -285,6 +509,17 @@ impl DockerLauncher {
             typ: Some(MountTypeEnum::VOLUME),
             ..Default::default()
         })
+    }
+
+    /// A volume made before workspaces were bounded keeps its files and
+    /// stays unbounded: said, so an operator can move the Session.
+    async fn warn_if_unbounded(&self, name: &str, bound: &std::path::Path) {
+        if let Ok(volume) = self.docker.inspect_volume(name).await {
+            let device = volume.options.get("device").map(String::as_str);
+            if device != Some(bound.to_string_lossy().as_ref()) {
+                tracing::warn!(volume = name, "this workspace volume predates the size bound and stays unbounded until the Session's volume is removed");
+            }
+        }
     }
 
     /// The container a spec becomes.
@@ -328,8 +563,22 @@ impl DockerLauncher {
                 memory_swap: Some(self.args.memory_mib * 1024 * 1024),
                 nano_cpus: Some((self.args.cpus * 1e9) as i64),
                 network_mode: Some(self.args.network.clone()),
-                extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
-                init: Some(true),
+                // The gateway of the fenced network, the one host address
+                // a sandbox reaches (not host-gateway, on another bridge).
+                extra_hosts: Some(vec![format!(
+                    "host.docker.internal:{}",
+                    self.network.gateway
+                )]),
+                // The image's runner is PID 1 itself (mango_runner::init):
+                // a docker-init above it would be dumpable by tools.
+                init: Some(false),
+                log_config: Some(HostConfigLogConfig {
+                    typ: Some("json-file".into()),
+                    config: Some(HashMap::from([
+                        ("max-size".to_string(), self.args.log_max_size.clone()),
+                        ("max-file".to_string(), self.args.log_max_files.to_string()),
+                    ])),
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -475,8 +724,7 @@ impl Launcher for DockerLauncher {
         }
     }
 
-    /// SIGTERM to the container: `docker-init`, its PID 1, passes it to the
-    /// runner.
+    /// SIGTERM to the container: the runner's PID 1 passes it to the runner.
     async fn signal_stop(&self, sandbox: &Sandbox, _grace: Duration) -> Result<(), LaunchError> {
         let killed = self
             .docker
@@ -539,6 +787,7 @@ impl Launcher for DockerLauncher {
             .collect())
     }
 
+    /// The volume, then (bounded) its filesystem: unmounted and deleted.
     async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
         let name = session_volume(session_id);
         match self
@@ -546,9 +795,16 @@ impl Launcher for DockerLauncher {
             .remove_volume(&name, None::<RemoveVolumeOptions>)
             .await
         {
-            Ok(()) => Ok(()),
-            Err(err) if status_of(&err) == Some(404) => Ok(()),
-            Err(err) => Err(launch_error(err)),
+            Ok(()) => {}
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => return Err(launch_error(err)),
+        }
+        match &self.workspaces {
+            Some(workspaces) => workspaces
+                .remove(&name)
+                .await
+                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}"))),
+            None => Ok(()),
         }
     }
 }
