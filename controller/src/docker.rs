@@ -75,6 +75,8 @@ pub struct DockerLauncher {
     docker: Docker,
     args: DockerArgs,
     pool: String,
+    /// The egress proxy sandboxes are pointed at, when the pool allows any.
+    egress: Option<crate::egress::Routing>,
 }
 
 /// A Docker error as a launch error: an engine that did not answer is
@@ -244,7 +246,40 @@ impl DockerLauncher {
             docker,
             args: args.clone(),
             pool: pool.to_string(),
+            egress: None,
         })
+    }
+
+    /// Sandboxes made from now on get the proxy variables of `routing`.
+    pub fn with_egress(mut self, routing: crate::egress::Routing) -> DockerLauncher {
+        self.egress = Some(routing);
+        self
+    }
+
+    /// The sandbox network's gateway: the host's address on it, where the
+    /// egress proxy listens for sandboxes.
+    pub async fn network_gateway(&self) -> Result<std::net::IpAddr, LaunchError> {
+        let network = self
+            .docker
+            .inspect_network(
+                &self.args.network,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+            .map_err(launch_error)?;
+        network
+            .ipam
+            .and_then(|ipam| ipam.config)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| c.gateway?.parse().ok())
+            .next()
+            .ok_or_else(|| {
+                LaunchError::Failed(format!(
+                    "the network {} has no gateway address for the egress proxy",
+                    self.args.network
+                ))
+            })
     }
 
     /// The workspace mount: the Session's named volume, made if missing (an
@@ -305,6 +340,14 @@ impl DockerLauncher {
         }
         let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("MANGO_WORKSPACE={WORKSPACE}"));
+        if let Some(egress) = &self.egress {
+            env.extend(
+                egress
+                    .env(&spec.item.work_id)
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}")),
+            );
+        }
         ContainerCreateBody {
             image: Some(self.args.image.clone()),
             user: Some(SANDBOX_USER.into()),

@@ -10,6 +10,7 @@ use mango_controller::core::launcher::Launcher;
 use mango_controller::core::metrics::Metrics;
 use mango_controller::core::secret::Secret;
 use mango_controller::core::supervisor::{RunEnd, Stop, Supervisor};
+use mango_controller::egress::proxy::EgressMetrics;
 use mango_controller::local::{LocalLauncher, RunnerCommand};
 use mango_runner::item::{self, Identity};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,6 +34,8 @@ enum Command {
         common: Common,
         #[command(flatten)]
         docker: mango_controller::docker::DockerArgs,
+        #[command(flatten)]
+        egress: mango_controller::egress::EgressArgs,
     },
     /// Run items as subprocesses of this user (development only: NOT a
     /// security boundary).
@@ -127,7 +130,7 @@ fn main() -> ExitCode {
             block_on(async move {
                 let launcher = LocalLauncher::new(runner, root, &config.pool)?;
                 tracing::info!(root = %launcher.root().display(), "sandbox records, Session workspaces and runner logs");
-                Ok(supervise(common, config, launcher).await)
+                Ok(supervise(common, config, launcher, None).await)
             })
         }
         Command::Kubernetes(args) => {
@@ -136,14 +139,40 @@ fn main() -> ExitCode {
                 Ok(mango_controller::kubernetes::cli::run(args, shutdown_signal()).await)
             })
         }
-        Command::Docker { common, docker } => {
+        Command::Docker {
+            common,
+            docker,
+            egress,
+        } => {
             init_logging();
             let config = common.config(&docker.sandbox_base_url);
+            let allowlist = match egress.allowlist() {
+                Ok(list) => list,
+                Err(err) => {
+                    eprintln!("mango-worker: {err}");
+                    return ExitCode::from(2);
+                }
+            };
             block_on(async move {
                 let launcher =
                     mango_controller::docker::DockerLauncher::connect(&docker, &config.pool)
                         .await?;
-                Ok(supervise(common, config, launcher).await)
+                if allowlist.is_empty() {
+                    return Ok(supervise(common, config, launcher, None).await);
+                }
+                let (launcher, metrics) = mango_controller::egress::serve_for_docker(
+                    launcher,
+                    mango_controller::egress::DockerEgress {
+                        allowlist,
+                        allow_private: egress.egress_allow_private,
+                        port: egress.egress_proxy_port,
+                        resolver: Arc::new(mango_controller::egress::proxy::SystemResolver),
+                    },
+                    &config.pool,
+                    &config.sandbox_base_url,
+                )
+                .await?;
+                Ok(supervise(common, config, launcher, Some(metrics)).await)
             })
         }
     }
@@ -186,7 +215,12 @@ fn block_on(
     }
 }
 
-async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> ExitCode {
+async fn supervise<L: Launcher>(
+    common: Common,
+    config: Config,
+    launcher: L,
+    egress: Option<Arc<EgressMetrics>>,
+) -> ExitCode {
     let key = Secret::new(common.environment_key);
     let kind = launcher.kind();
     let supervisor = Supervisor::new(config, launcher, &common.base_url, &key);
@@ -201,7 +235,7 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving /metrics and /healthz");
             }
-            tokio::spawn(serve_metrics(listener, metrics));
+            tokio::spawn(serve_metrics(listener, metrics, egress));
         }
         Err(err) => {
             eprintln!("mango-worker: {err}");
@@ -263,10 +297,21 @@ async fn metrics_listener(given: Option<SocketAddr>) -> Result<tokio::net::TcpLi
     }
 }
 
-async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    egress: Option<Arc<EgressMetrics>>,
+) {
     use axum::routing::get;
+    let render = move || {
+        let mut text = metrics.render();
+        if let Some(egress) = &egress {
+            text.push_str(&egress.render());
+        }
+        text
+    };
     let app = axum::Router::new()
-        .route("/metrics", get(move || async move { metrics.render() }))
+        .route("/metrics", get(move || async move { render() }))
         .route("/healthz", get(|| async { "ok" }));
     if let Err(err) = axum::serve(listener, app).await {
         tracing::error!(error = %err, "the metrics server stopped");

@@ -2,7 +2,9 @@
 
 mod chart;
 mod docker;
+mod docker_egress;
 mod docker_memory;
+mod egress;
 mod engine;
 mod faults;
 mod item;
