@@ -315,3 +315,95 @@ async fn connections_past_the_limit_are_closed_unanswered() {
     }
     assert!(answered.starts_with("HTTP/1.1 403 "), "{answered}");
 }
+
+fn worker_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("MANGO_ENVIRONMENT_KEY", "mango_envk_unused".to_string()),
+        ("MANGO_ENVIRONMENT_ID", "env_unused".to_string()),
+        ("MANGO_BASE_URL", "http://127.0.0.1:9".to_string()),
+        (
+            "MANGO_DOCKER_BASE_URL",
+            "http://host.docker.internal:9".to_string(),
+        ),
+        // Nothing answers here: a start that gets past the allowlist stops
+        // at the engine.
+        (
+            "DOCKER_HOST",
+            "unix:///nonexistent/egress-proxy.sock".to_string(),
+        ),
+    ]
+}
+
+/// `mango-worker docker` refuses a malformed or too broad entry at start,
+/// naming it, before it touches the engine; from the flag and from
+/// `MANGO_EGRESS_ALLOW` alike.
+#[tokio::test]
+async fn mango_worker_refuses_a_bad_entry_at_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], Option<&str>, &str); 4] = [
+        (
+            &["docker", "--egress-allow", "bad_name.example"],
+            None,
+            "\"bad_name.example\"",
+        ),
+        (
+            &[
+                "docker",
+                "--egress-allow",
+                "ok.example",
+                "--egress-allow",
+                "*.com",
+            ],
+            None,
+            "\"*.com\"",
+        ),
+        (
+            &["docker"],
+            Some("ok.example,api.example:65536"),
+            "\"api.example:65536\"",
+        ),
+        (&["docker"], Some("ok.example,,other.example"), "\"\""),
+    ];
+    for (i, (args, list, named)) in cases.into_iter().enumerate() {
+        let mut env = worker_env();
+        if let Some(list) = list {
+            env.push(("MANGO_EGRESS_ALLOW", list.to_string()));
+        }
+        let log = dir.path().join(format!("worker-{i}.log"));
+        let mut worker = crate::process::Worker::start(args, &env, &log);
+        let status = worker.exit(std::time::Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(2), "{args:?}: {}", worker.log());
+        let log = worker.log();
+        assert!(log.contains("egress allowlist entry"), "{log}");
+        assert!(log.contains(named), "{named} named: {log}");
+        assert!(
+            !log.contains("Docker engine"),
+            "refused before the engine: {log}"
+        );
+    }
+}
+
+/// `--egress-allow-any` admits `*` and says so as a warning at start.
+#[tokio::test]
+async fn allow_any_is_warned_about_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("worker.log");
+    let mut env = worker_env();
+    env.push(("MANGO_EGRESS_ALLOW", "*".to_string()));
+    let mut worker = crate::process::Worker::start(&["docker", "--egress-allow-any"], &env, &log);
+    let status = worker.exit(std::time::Duration::from_secs(30)).await;
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "the engine is not there: {}",
+        worker.log()
+    );
+    let warned = worker
+        .log()
+        .lines()
+        .find(|l| l.contains("--egress-allow-any"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no warning: {}", worker.log()));
+    assert!(warned.contains("\"WARN\""), "{warned}");
+    assert!(warned.contains("*:443"), "{warned}");
+}
