@@ -1,7 +1,10 @@
 //! The egress proxy: HTTP CONNECT tunnels and absolute-form `http://`
 //! forwards to the names a pool allows, each resolved by the proxy and
 //! checked against its [`AddressPolicy`]. One request head per connection,
-//! read within [`Limits::head`]; at most [`Limits::connections`] at once.
+//! read within [`Limits::head`]; at most [`Limits::connections`] at once
+//! and [`Limits::per_peer`] from one address (one sandbox cannot take
+//! every connection of its pool), each ended after [`Limits::idle`] with
+//! no traffic either way.
 //! Every decision is logged (pool, Work id, host, port, decision, reason)
 //! and counted; no header or body is.
 
@@ -67,6 +70,11 @@ pub struct Limits {
     pub connect: Duration,
     /// Open client connections at once; more are closed unanswered.
     pub connections: usize,
+    /// Open client connections from one address at once; more are closed
+    /// unanswered.
+    pub per_peer: usize,
+    /// A tunnel or forward with no traffic either way for this long ends.
+    pub idle: Duration,
 }
 
 impl Default for Limits {
@@ -75,6 +83,8 @@ impl Default for Limits {
             head: Duration::from_secs(10),
             connect: Duration::from_secs(10),
             connections: 512,
+            per_peer: 64,
+            idle: Duration::from_secs(300),
         }
     }
 }
@@ -163,6 +173,7 @@ impl EgressProxy {
         let open = Arc::new(tokio::sync::Semaphore::new(
             self.shared.config.limits.connections,
         ));
+        let peers = Arc::new(PeerSlots::default());
         loop {
             let (stream, peer) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
@@ -179,9 +190,16 @@ impl EgressProxy {
                 drop(stream);
                 continue;
             };
+            let Some(slot) = peers.take(peer.ip(), self.shared.config.limits.per_peer) else {
+                tracing::warn!(pool = %self.shared.config.pool, %peer, limit = self.shared.config.limits.per_peer,
+                    "egress proxy: this address's connection limit reached; closing a new connection unanswered");
+                drop(stream);
+                continue;
+            };
             let shared = self.shared.clone();
             tokio::spawn(async move {
                 shared.handle(stream, peer).await;
+                drop(slot);
                 drop(permit);
             });
         }
@@ -265,7 +283,7 @@ impl Shared {
         if !early.is_empty() && upstream.write_all(&early).await.is_err() {
             return;
         }
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        relay(client, upstream, self.config.limits.idle).await;
     }
 
     /// The allowlist first, then the proxy's own resolution, then each
@@ -304,6 +322,83 @@ impl Shared {
             .await
             .unwrap_or(Err(Denial::Unresolved))
     }
+}
+
+/// Open connections per client address.
+#[derive(Default)]
+struct PeerSlots(std::sync::Mutex<HashMap<IpAddr, usize>>);
+
+/// One of a peer's connections; given back on drop.
+struct PeerSlot {
+    slots: Arc<PeerSlots>,
+    ip: IpAddr,
+}
+
+impl PeerSlots {
+    fn take(self: &Arc<Self>, ip: IpAddr, limit: usize) -> Option<PeerSlot> {
+        let mut open = self.0.lock().expect("peer slots");
+        let count = open.entry(ip).or_insert(0);
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            slots: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.0.lock().expect("peer slots");
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Copies both ways until both sides are done, or until neither has sent
+/// anything for `idle`.
+async fn relay(client: TcpStream, upstream: TcpStream, idle: Duration) {
+    let last = std::sync::Mutex::new(tokio::time::Instant::now());
+    let (client_read, client_write) = client.into_split();
+    let (upstream_read, upstream_write) = upstream.into_split();
+    tokio::join!(
+        pipe(client_read, upstream_write, &last, idle),
+        pipe(upstream_read, client_write, &last, idle),
+    );
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    last: &std::sync::Mutex<tokio::time::Instant>,
+    idle: Duration,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout(idle, from.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                *last.lock().expect("activity") = tokio::time::Instant::now();
+                if to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            Err(_) => {
+                let quiet = last.lock().expect("activity").elapsed();
+                if quiet >= idle {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 async fn answer(client: &mut TcpStream, status: u16, message: &str) {

@@ -407,3 +407,64 @@ async fn allow_any_is_warned_about_at_start() {
     assert!(warned.contains("\"WARN\""), "{warned}");
     assert!(warned.contains("*:443"), "{warned}");
 }
+
+/// One address's connections are bounded apart from the total: a second
+/// from the same sandbox is closed unanswered while another address is
+/// served.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let limits = Limits {
+        per_peer: 1,
+        ..Limits::default()
+    };
+    let proxy = proxy(&["allowed.test".to_string()], true, limits).await;
+    let at = proxy.local_addr();
+    tokio::spawn(proxy.serve());
+    let _held = TcpStream::connect(at).await.unwrap();
+    let (_, status) = ask(at, "CONNECT denied.test:443 HTTP/1.1\r\n\r\n").await;
+    assert_eq!(
+        status, "",
+        "a second connection from 127.0.0.1 gets no answer"
+    );
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other
+        .bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)), 0))
+        .unwrap();
+    let mut other = other.connect(at).await.unwrap();
+    other
+        .write_all(b"CONNECT denied.test:443 HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    other.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 403 "), "{reply}");
+}
+
+/// A tunnel with no traffic either way ends at the idle bound (the
+/// runtime's clock, paused: no real wait), closing the client's side.
+#[tokio::test(start_paused = true)]
+async fn an_idle_tunnel_is_closed_at_the_bound() {
+    // An outside that accepts and holds every connection, silent.
+    let listener = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let limits = Limits::default();
+    let idle = limits.idle;
+    let proxy = proxy(&[format!("allowed.test:{port}")], true, limits).await;
+    let at = proxy.local_addr();
+    tokio::spawn(proxy.serve());
+    let started = tokio::time::Instant::now();
+    let (tunnel, status) = ask(at, &format!("CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n")).await;
+    assert!(status.starts_with("HTTP/1.1 200 "), "{status}");
+    assert_eq!(rest(tunnel).await, "", "closed with nothing sent");
+    assert!(
+        started.elapsed() >= idle,
+        "not before the bound: {:?}",
+        started.elapsed()
+    );
+}
