@@ -44,7 +44,13 @@ impl EgressArgs {
     /// The allowlist, or the first refused entry; warns when
     /// `--egress-allow-any` is given, at every start.
     pub fn allowlist(&self) -> Result<Allowlist, EntryError> {
-        let list = Allowlist::parse(&self.allow, self.egress_allow_any)?;
+        // `MANGO_EGRESS_ALLOW=` (set, empty) is no list; a blank entry
+        // inside a list (`a,,b`) is a typo and refused.
+        let entries: &[String] = match self.allow.as_slice() {
+            [only] if only.trim().is_empty() => &[],
+            all => all,
+        };
+        let list = Allowlist::parse(entries, self.egress_allow_any)?;
         if self.egress_allow_any {
             tracing::warn!(broad = ?list.broad(), "--egress-allow-any: egress wildcards over whole top-level domains or everything are admitted");
         }
@@ -213,5 +219,18 @@ mod tests {
             ..args
         };
         assert_eq!(any.allowlist().unwrap().broad(), vec!["*.com:443"]);
+        let unset = EgressArgs {
+            allow: vec![String::new()],
+            ..Default::default()
+        };
+        assert!(
+            unset.allowlist().unwrap().is_empty(),
+            "an empty MANGO_EGRESS_ALLOW is no list"
+        );
+        let blank = EgressArgs {
+            allow: vec!["a.example".into(), " ".into()],
+            ..Default::default()
+        };
+        assert_eq!(blank.allowlist().unwrap_err().entry, " ");
     }
 }
