@@ -6,5 +6,6 @@
 
 pub mod core;
 pub mod docker;
+pub mod egress;
 pub mod kubernetes;
 pub mod local;

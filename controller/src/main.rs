@@ -10,6 +10,7 @@ use mango_controller::core::launcher::Launcher;
 use mango_controller::core::metrics::Metrics;
 use mango_controller::core::secret::Secret;
 use mango_controller::core::supervisor::{RunEnd, Stop, Supervisor};
+use mango_controller::egress::proxy::EgressMetrics;
 use mango_controller::local::{LocalLauncher, RunnerCommand};
 use mango_runner::item::{self, Identity};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,6 +34,8 @@ enum Command {
         common: Common,
         #[command(flatten)]
         docker: mango_controller::docker::DockerArgs,
+        #[command(flatten)]
+        egress: mango_controller::egress::EgressArgs,
     },
     /// Run items as subprocesses of this user (development only: NOT a
     /// security boundary).
@@ -127,7 +130,7 @@ fn main() -> ExitCode {
             block_on(async move {
                 let launcher = LocalLauncher::new(runner, root, &config.pool)?;
                 tracing::info!(root = %launcher.root().display(), "sandbox records, Session workspaces and runner logs");
-                Ok(supervise(common, config, launcher).await)
+                Ok(supervise(common, config, launcher, None).await)
             })
         }
         Command::Kubernetes(mango_controller::kubernetes::cli::KubernetesArgs {
@@ -140,14 +143,45 @@ fn main() -> ExitCode {
                 Ok(mango_controller::kubernetes::cli::run(args, shutdown_signal()).await)
             })
         }
-        Command::Docker { common, docker } => {
+        Command::Docker {
+            common,
+            docker,
+            egress,
+        } => {
             init_logging();
             let config = common.config(&docker.sandbox_base_url);
+            let allowlist = match egress.allowlist() {
+                Ok(list) => list,
+                Err(err) => {
+                    eprintln!("mango-worker: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let mut docker = docker;
+            if !allowlist.is_empty() {
+                // The host fence lets sandboxes reach the proxy's port on the gateway too.
+                docker.extra_peer_ports.push(egress.egress_proxy_port);
+            }
             block_on(async move {
                 let launcher =
                     mango_controller::docker::DockerLauncher::connect(&docker, &config.pool)
                         .await?;
-                Ok(supervise(common, config, launcher).await)
+                if allowlist.is_empty() {
+                    return Ok(supervise(common, config, launcher, None).await);
+                }
+                let (launcher, metrics) = mango_controller::egress::serve_for_docker(
+                    launcher,
+                    mango_controller::egress::DockerEgress {
+                        allowlist,
+                        allow_private: egress.egress_allow_private,
+                        port: egress.egress_proxy_port,
+                        resolver: Arc::new(mango_controller::egress::proxy::SystemResolver),
+                    },
+                    &config.pool,
+                    &config.sandbox_base_url,
+                )
+                .await?;
+                Ok(supervise(common, config, launcher, Some(metrics)).await)
             })
         }
     }
@@ -190,7 +224,12 @@ fn block_on(
     }
 }
 
-async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> ExitCode {
+async fn supervise<L: Launcher>(
+    common: Common,
+    config: Config,
+    launcher: L,
+    egress: Option<Arc<EgressMetrics>>,
+) -> ExitCode {
     let key = Secret::new(common.environment_key);
     let kind = launcher.kind();
     let pool = config.pool.clone();
@@ -206,7 +245,7 @@ async fn supervise<L: Launcher>(common: Common, config: Config, launcher: L) -> 
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving /metrics and /healthz");
             }
-            tokio::spawn(serve_metrics(listener, metrics, pool));
+            tokio::spawn(serve_metrics(listener, metrics, pool, egress));
         }
         Err(err) => {
             eprintln!("mango-worker: {err}");
@@ -270,9 +309,20 @@ async fn metrics_listener(given: Option<SocketAddr>) -> Result<tokio::net::TcpLi
 
 /// Every series carries the pool, as the Kubernetes controller's do, so one
 /// dashboard and one set of alerts serve every launcher.
-async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, pool: String) {
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    pool: String,
+    egress: Option<Arc<EgressMetrics>>,
+) {
     use axum::routing::get;
-    let render = move || mango_controller::core::metrics::render_pools(&[(Some(&pool), &metrics)]);
+    let render = move || {
+        let mut text = mango_controller::core::metrics::render_pools(&[(Some(&pool), &metrics)]);
+        if let Some(egress) = &egress {
+            text.push_str(&egress.render());
+        }
+        text
+    };
     let app = axum::Router::new()
         .route("/metrics", get(move || async move { render() }))
         .route("/healthz", get(|| async { "ok" }));

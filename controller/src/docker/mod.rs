@@ -130,6 +130,8 @@ pub struct DockerLauncher {
     /// `None` when workspaces are unbounded.
     workspaces: Option<Workspaces>,
     network: FencedNetwork,
+    /// The egress proxy sandboxes are pointed at, when the pool allows any.
+    egress: Option<crate::egress::Routing>,
 }
 
 /// The bounded workspaces `args` ask for, or why they cannot be had here.
@@ -443,6 +445,7 @@ impl DockerLauncher {
             pool: pool.to_string(),
             workspaces,
             network,
+            egress: None,
         })
     }
 
@@ -454,6 +457,12 @@ impl DockerLauncher {
     /// The bounded workspaces, when they are.
     pub fn workspaces(&self) -> Option<&Workspaces> {
         self.workspaces.as_ref()
+    }
+
+    /// Sandboxes made from now on get the proxy variables of `routing`.
+    pub fn with_egress(mut self, routing: crate::egress::Routing) -> DockerLauncher {
+        self.egress = Some(routing);
+        self
     }
 
     /// The workspace mount: the Session's named volume, made if missing (an
@@ -540,6 +549,14 @@ impl DockerLauncher {
         }
         let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("MANGO_WORKSPACE={WORKSPACE}"));
+        if let Some(egress) = &self.egress {
+            env.extend(
+                egress
+                    .env(&spec.item.work_id)
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}")),
+            );
+        }
         ContainerCreateBody {
             image: Some(self.args.image.clone()),
             user: Some(SANDBOX_USER.into()),

@@ -31,8 +31,10 @@ async fn run(engine: &Engine, name: &str, script: &str) -> String {
                 image: Some(engine.image.clone()),
                 entrypoint: Some(vec!["/bin/bash".into(), "-c".into(), script.into()]),
                 labels: Some([("mango.dev/test".to_string(), "api-flood".to_string())].into()),
+                // On the fenced test network, as a sandbox is.
                 host_config: Some(HostConfig {
-                    extra_hosts: Some(vec!["host.docker.internal:host-gateway".into()]),
+                    network_mode: Some(engine::TEST_NETWORK.into()),
+                    extra_hosts: Some(vec![format!("host.docker.internal:{}", engine.gateway)]),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -131,6 +133,14 @@ async fn docker_a_sandbox_flooding_the_api_meets_its_cap_while_operators_and_oth
         .unwrap();
     let operators_addr = operators.local_addr().unwrap();
     let sandbox_port = sandboxes.local_addr().unwrap().port();
+    // The host fence admits sandboxes to this port, as a supervisor's would.
+    let network = mango_controller::docker::fenced_network(&engine.docker, engine::TEST_NETWORK)
+        .await
+        .unwrap();
+    mango_controller::docker::fence::HostFence::of(&network.bridge)
+        .apply(&[std::net::SocketAddrV4::new(network.gateway, sandbox_port)])
+        .await
+        .unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let listeners = Listeners {
         operators: vec![operators],

@@ -3,8 +3,10 @@
 mod chart;
 mod docker;
 mod docker_api_flood;
+mod docker_egress;
 mod docker_isolation;
 mod docker_memory;
+mod egress;
 mod engine;
 mod faults;
 mod item;

@@ -95,6 +95,16 @@ impl ToolOutput {
     }
 }
 
+/// Passed to tools as the sandbox has them.
+const PROXY_VARIABLES: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
 /// The environment every tool subprocess gets: an allow-list, never any
 /// `MANGO_*` / `ANTHROPIC_*` variable.
 pub fn tool_env(workspace: &std::path::Path) -> Vec<(String, String)> {
@@ -120,6 +130,13 @@ pub fn tool_env(workspace: &std::path::Path) -> Vec<(String, String)> {
         ("PS1".to_string(), String::new()),
         ("PS2".to_string(), String::new()),
     ];
+    // The pool's egress proxy, when it has one: how tools reach allowed
+    // names (the supervisor sets these; they hold no credential).
+    env.extend(
+        PROXY_VARIABLES
+            .iter()
+            .filter_map(|name| Some((name.to_string(), pass(name)?))),
+    );
     env.retain(|(k, _)| !is_secret_name(k));
     env
 }
