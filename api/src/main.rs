@@ -1,4 +1,8 @@
-//! `mango`: the control plane binary. `serve`, `migrate`, and `api-key`.
+//! `mango`: the control plane binary. `serve`, `migrate`, `api-key` and
+//! `openapi` on the database or on nothing; `work`, `sessions` and
+//! `environments`, the operator's commands, over HTTP (`cli/`).
+
+mod cli;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
@@ -153,8 +157,9 @@ async fn bind_each(list: &str, what: &str) -> anyhow::Result<Vec<tokio::net::Tcp
 // Parsed once per process: a large `Serve` costs nothing worth boxing for
 // (and clap cannot flatten a boxed group).
 #[allow(clippy::large_enum_variant)]
+/// The commands on the database (or on nothing).
 #[derive(Subcommand)]
-enum Command {
+enum ServerCommand {
     /// Serve the HTTP API (runs pending migrations first unless --no-migrate).
     Serve {
         #[command(flatten)]
@@ -214,6 +219,14 @@ enum Command {
     /// Print the OpenAPI document of the HTTP API (what `GET /openapi.json`
     /// serves and `docs/openapi.json` holds).
     Openapi,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Server(ServerCommand),
+    #[command(flatten)]
+    Operator(cli::Operator),
 }
 
 #[derive(Subcommand)]
@@ -368,8 +381,12 @@ fn mount_root(raw: &str) -> Result<String, String> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse_from(normalize_args(std::env::args()));
-    match run(cli).await {
+    let args = Cli::parse_from(normalize_args(std::env::args()));
+    let command = match args.command {
+        Command::Operator(operator) => return cli::run(operator).await,
+        Command::Server(command) => command,
+    };
+    match run(command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -378,9 +395,9 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Serve {
+async fn run(command: ServerCommand) -> anyhow::Result<()> {
+    match command {
+        ServerCommand::Serve {
             db,
             listen_addr,
             no_migrate,
@@ -445,18 +462,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Migrate { db } => {
+        ServerCommand::Migrate { db } => {
             init_logging("warn");
             let pool = connect(&db).await?;
             MIGRATOR.run(&pool).await.context("migration failed")?;
             println!("migrations applied");
             Ok(())
         }
-        Command::ApiKey(cmd) => {
+        ServerCommand::ApiKey(cmd) => {
             init_logging("warn");
             api_key(cmd).await
         }
-        Command::Openapi => {
+        ServerCommand::Openapi => {
             print!(
                 "{}",
                 mango_api::openapi::to_json(&mango_api::routes::openapi())

@@ -299,6 +299,11 @@ impl Client {
         .await
     }
 
+    /// Every unarchived Environment of the workspace, newest first.
+    pub async fn list_environments(&self) -> Result<Vec<Environment>> {
+        self.all_pages("/v1/environments", 100).await
+    }
+
     pub async fn environment(&self, id: &str) -> Result<Environment> {
         self.json(Method::GET, &format!("/v1/environments/{id}"), &[], None)
             .await
@@ -336,19 +341,46 @@ impl Client {
             .await
     }
 
+    /// One page of the Environment's Work, newest first: `limit` items at
+    /// most (the api takes 1..=100), after the cursor `page` of an earlier one.
+    pub async fn work_page(
+        &self,
+        environment_id: &str,
+        limit: u32,
+        page: Option<&str>,
+    ) -> Result<Page<Work>> {
+        self.page(&Self::work_path(environment_id, ""), limit, page, &[])
+            .await
+    }
+
+    /// One page of `path` (`limit` and the cursor `page`, plus `extra` query
+    /// parameters), with an empty `next_page` read as the last page.
+    async fn page<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        limit: u32,
+        page: Option<&str>,
+        extra: &[(&str, String)],
+    ) -> Result<Page<T>> {
+        let mut query = vec![("limit", limit.to_string())];
+        if let Some(p) = page {
+            query.push(("page", p.to_string()));
+        }
+        query.extend(extra.iter().cloned());
+        let mut got: Page<T> = self.json(Method::GET, path, &query, None).await?;
+        got.next_page = got.next_page.filter(|p| !p.is_empty());
+        Ok(got)
+    }
+
     /// Follows `next_page` until the last page.
     async fn all_pages<T: DeserializeOwned>(&self, path: &str, limit: u32) -> Result<Vec<T>> {
         let mut out = Vec::new();
-        let mut page: Option<String> = None;
+        let mut cursor: Option<String> = None;
         loop {
-            let mut query = vec![("limit", limit.to_string())];
-            if let Some(p) = &page {
-                query.push(("page", p.clone()));
-            }
-            let got: Page<T> = self.json(Method::GET, path, &query, None).await?;
+            let got: Page<T> = self.page(path, limit, cursor.as_deref(), &[]).await?;
             out.extend(got.data);
-            match got.next_page.filter(|p| !p.is_empty()) {
-                Some(p) => page = Some(p),
+            match got.next_page {
+                Some(p) => cursor = Some(p),
                 None => return Ok(out),
             }
         }
@@ -519,6 +551,24 @@ impl Client {
             None,
         )
         .await
+    }
+
+    /// One page of the workspace's unarchived Sessions, newest first
+    /// (`limit` 1..=100, `page` a `next_page` cursor of an earlier page).
+    pub async fn sessions_page(&self, limit: u32, page: Option<&str>) -> Result<Page<Session>> {
+        self.page("/v1/sessions", limit, page, &[]).await
+    }
+
+    /// The Session's newest event of type `type_name` (an
+    /// `mango_protocol::events::types` name), if it has one.
+    pub async fn latest_event(&self, session_id: &str, type_name: &str) -> Result<Option<Event>> {
+        let path = format!("/v1/sessions/{session_id}/events");
+        let extra = [
+            ("order", "desc".to_string()),
+            ("types[]", type_name.to_string()),
+        ];
+        let got: Page<Event> = self.page(&path, 1, None, &extra).await?;
+        Ok(got.data.into_iter().next())
     }
 
     /// A custom Skill version (`version` may be `latest`), as a Session pins it.

@@ -23,6 +23,7 @@ mod metrics;
 mod model_failures;
 mod notifications;
 mod openapi;
+mod operator_cli;
 mod session_events;
 mod sessions_api;
 mod skills_api;
