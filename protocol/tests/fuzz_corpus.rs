@@ -45,10 +45,15 @@ fn sent_event_seeds_hold_valid_and_near_valid_events() {
             .unwrap_or_else(|| panic!("no seed {target}"));
         SentEvent::parse(serde_json::from_slice(&bytes).expect("a JSON seed")).is_ok()
     };
-    for valid in ["user_message", "user_message_string", "user_interrupt"] {
+    for valid in ["user_message", "user_interrupt", "tool_result"] {
         assert!(parses(valid), "{valid} was refused");
     }
-    for near in ["unknown_field", "server_type", "routed_thread", "type_not_string"] {
+    for near in [
+        "unknown_field",
+        "server_type",
+        "routed_thread",
+        "type_not_string",
+    ] {
         assert!(!parses(near), "{near} was accepted");
     }
 }

@@ -40,8 +40,8 @@ static EXTRACTIONS: AtomicU64 = AtomicU64::new(0);
 
 /// A Skill archive expanded as a Session's runner does: never a panic, and
 /// whatever it writes stays under the destination, regular files and
-/// directories only, within the budget.
-pub fn skill_archive(data: &[u8]) {
+/// directories only, within the budget. True when it expanded.
+pub fn skill_archive(data: &[u8]) -> bool {
     let n = EXTRACTIONS.fetch_add(1, Ordering::Relaxed);
     let scratch =
         std::env::temp_dir().join(format!("mango-fuzz-archive-{}-{n}", std::process::id()));
@@ -81,6 +81,7 @@ pub fn skill_archive(data: &[u8]) {
         "{bytes} bytes written, budget {}",
         before.expanded_bytes
     );
+    result.is_ok()
 }
 
 /// Files and bytes under `dir`; an error for anything but a regular file or

@@ -42,5 +42,23 @@ fn pty_marker_seeds_frame_without_panic() {
 
 #[test]
 fn skill_extract_seeds_expand_without_panic() {
-    replay("skill_extract", mango_runner::fuzzing::skill_archive);
+    replay("skill_extract", |data| {
+        mango_runner::fuzzing::skill_archive(data);
+    });
+}
+
+/// The seeds reach both sides: the valid archives expand (the runner only
+/// expands: a missing SKILL.md or two top-level directories were the api's
+/// to refuse at upload), the hostile and over-budget ones are refused.
+#[test]
+fn skill_extract_seeds_hold_valid_and_hostile_archives() {
+    for (path, bytes) in corpus("skill_extract") {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let expected = name.starts_with("valid");
+        assert_eq!(
+            mango_runner::fuzzing::skill_archive(&bytes),
+            expected,
+            "{name}"
+        );
+    }
 }
