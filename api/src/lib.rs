@@ -15,6 +15,8 @@ pub mod error;
 pub mod event_shapes;
 pub mod extract;
 pub mod feed;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub mod lease;
 pub mod listener;

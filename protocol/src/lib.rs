@@ -8,6 +8,8 @@ pub mod content;
 pub mod environment;
 pub mod error;
 pub mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod memory;
 pub mod page;
 pub mod patch;

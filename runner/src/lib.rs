@@ -10,6 +10,8 @@
 
 pub mod calls;
 pub mod exit;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod healthcheck;
 pub mod heartbeat;
 pub mod init;

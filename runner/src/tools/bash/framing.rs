@@ -180,6 +180,30 @@ impl MarkerLine {
     }
 }
 
+/// For the fuzz target: `data` split at each 0xff byte and pushed chunk by
+/// chunk, as the socket delivers it; after each chunk a status, and `Found`
+/// only for the exact marker line `<sentinel><digits>\n`.
+pub(super) fn fuzz_marker_line(data: &[u8]) {
+    const SENTINEL: &[u8] = b"__MANGO_CMD_0123456789abcdef_DONE__";
+    let mut line = MarkerLine::default();
+    for chunk in data.split(|&b| b == 0xff) {
+        line.push(chunk);
+        if let MarkerStatus::Found(code) = line.status(SENTINEL) {
+            let digits = line.bytes[..line.bytes.len() - 1]
+                .strip_prefix(SENTINEL)
+                .expect("a found marker starts with the sentinel");
+            assert!(line.bytes.ends_with(b"\n"), "a found marker ends its line");
+            assert!(!digits.is_empty() && digits.iter().all(u8::is_ascii_digit));
+            assert_eq!(
+                std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse().ok()),
+                Some(code)
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Call, MarkerLine, MarkerStatus};

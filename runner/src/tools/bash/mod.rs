@@ -38,6 +38,12 @@ use tokio_util::sync::CancellationToken;
 use super::{ToolContext, ToolOutput};
 use mango_protocol::tools::BashInput;
 pub use output::clean_output;
+
+/// The PTY framing's marker line under arbitrary socket input (`crate::fuzzing`).
+#[doc(hidden)]
+pub fn fuzz_marker_line(data: &[u8]) {
+    framing::fuzz_marker_line(data);
+}
 use shell::{Outcome, Shell};
 
 /// Output cap (bytes); the tail is kept.
