@@ -221,6 +221,9 @@ enum ServerCommand {
     Openapi,
 }
 
+// Parsed once per process: the large `Serve` costs nothing worth boxing
+// for (and clap cannot flatten a boxed group).
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     #[command(flatten)]
