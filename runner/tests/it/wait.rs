@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 /// Starts `mango-runner --wait` with nothing but the api's address and
-/// the workspace, writes `stdin` and closes it when `close` is set.
+/// the workspace and writes `stdin`; closes it after, unless a wait timeout
+/// is being tested.
 fn run_waiting(base: &str, workspace: &Path, stdin: &[u8], extra: &[&str]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mango-runner"))
         .arg("--wait")
