@@ -36,6 +36,10 @@ pub enum Exit {
     /// `skills/` removed. The Work was stopped if a Stop was asked for;
     /// otherwise its lease is left to expire, so Poll hands the item out again.
     Signalled = 7,
+    /// Waiting for an envelope (`--wait`), the runner got a malformed,
+    /// oversized or partial one, or EOF: it used no identity, and its
+    /// sandbox is recycled.
+    BadEnvelope = 8,
 }
 
 impl From<Exit> for ExitCode {
@@ -56,6 +60,7 @@ impl Exit {
             Exit::Unreported => "unreported",
             Exit::InputFailed => "input_failed",
             Exit::Signalled => "signalled",
+            Exit::BadEnvelope => "bad_envelope",
         }
     }
 
@@ -71,6 +76,7 @@ impl Exit {
             Unreported,
             InputFailed,
             Signalled,
+            BadEnvelope,
         ]
         .into_iter()
         .find(|e| *e as i32 == code)
@@ -83,10 +89,10 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_none() {
-        for code in 0..=7 {
+        for code in 0..=8 {
             assert_eq!(Exit::from_code(code).map(|e| e as i32), Some(code));
         }
-        assert_eq!(Exit::from_code(8), None);
+        assert_eq!(Exit::from_code(9), None);
         assert_eq!(Exit::from_code(-1), None);
     }
 }

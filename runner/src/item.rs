@@ -9,6 +9,7 @@ use crate::heartbeat::{HeartbeatKeeper, KeeperEnd};
 use crate::memory::{self, Mounted, END_BOUND, SIGNAL_FLUSH_BOUND};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
+use crate::waiting::{self, WaitArgs};
 use crate::{healthcheck, secret, session, signal, skills, threads};
 use anyhow::Context;
 use mango_client::Client;
@@ -77,10 +78,28 @@ impl Identity {
     }
 }
 
+/// Where the item's identity and secret come from.
+enum Start {
+    /// The identity from the environment, the secret alone on stdin.
+    Given(Identity),
+    /// Nothing yet: one envelope on stdin names the item ([`waiting`]).
+    Waiting(WaitArgs),
+}
+
 /// Runs the item `identity` names and exits: the whole process of
 /// `mango-runner` (and of `mango-worker item`). The process becomes
 /// non-dumpable first, before the secret exists in it.
 pub fn run(identity: Identity) -> ExitCode {
+    run_from(Start::Given(identity))
+}
+
+/// `mango-runner --wait`: waits for the envelope, then runs its item as
+/// [`run`] does.
+pub fn run_waiting(args: WaitArgs) -> ExitCode {
+    run_from(Start::Waiting(args))
+}
+
+fn run_from(start: Start) -> ExitCode {
     if let Err(err) = secret::become_non_dumpable() {
         eprintln!("mango-runner: cannot make the process non-dumpable: {err}");
         return Exit::Unprotected.into();
@@ -93,8 +112,15 @@ pub fn run(identity: Identity) -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     // Before any thread exists, and before anything reads them.
-    let identity = match identity.with_absolute_paths() {
-        Ok(identity) => identity,
+    let start = match start {
+        Start::Given(identity) => identity.with_absolute_paths().map(Start::Given),
+        Start::Waiting(mut args) => std::path::absolute(&args.workspace).map(|workspace| {
+            args.workspace = workspace;
+            Start::Waiting(args)
+        }),
+    };
+    let start = match start {
+        Ok(start) => start,
         Err(err) => {
             tracing::error!(error = %err, "cannot make the runner's paths absolute");
             return Exit::Failed.into();
@@ -108,7 +134,7 @@ pub fn run(identity: Identity) -> ExitCode {
             return Exit::Failed.into();
         }
     };
-    let exit = match runtime.block_on(run_item(identity)) {
+    let exit = match runtime.block_on(run_start(start)) {
         Ok(exit) => exit,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "item runner failed");
@@ -120,6 +146,37 @@ pub fn run(identity: Identity) -> ExitCode {
     runtime.shutdown_timeout(Duration::from_millis(500));
     tracing::info!(exit = exit.as_str(), code = exit as u8, "runner exiting");
     exit.into()
+}
+
+async fn run_start(start: Start) -> anyhow::Result<Exit> {
+    // From the start: as PID 1 of a container the runner would ignore them.
+    let signalled = signal::listen();
+    match start {
+        Start::Given(identity) => run_item(identity, None, signalled).await,
+        Start::Waiting(args) => {
+            tracing::info!("waiting for an envelope");
+            let reading =
+                tokio::task::spawn_blocking(|| waiting::read_envelope(std::io::stdin().lock()));
+            let read = tokio::select! {
+                read = reading => read,
+                _ = signalled.cancelled() => {
+                    tracing::info!("asked to stop while waiting for an envelope");
+                    return Ok(Exit::Signalled);
+                }
+            };
+            let envelope = match read {
+                Ok(Ok(envelope)) => envelope,
+                Ok(Err(err)) => {
+                    tracing::error!(error = %err, "no usable envelope; this sandbox is to be recycled");
+                    return Ok(Exit::BadEnvelope);
+                }
+                Err(join) => anyhow::bail!("reading the envelope: {join}"),
+            };
+            let identity = args.identity(&envelope);
+            tracing::info!(work_id = %identity.work_id, claim = envelope.claim, "envelope received");
+            run_item(identity, Some(envelope.secret), signalled).await
+        }
+    }
 }
 
 /// After a stop signal the final Stop gets this long (the client's retries
@@ -166,9 +223,13 @@ async fn prepare_inputs(
     }
 }
 
-async fn run_item(id: Identity) -> anyhow::Result<Exit> {
-    // From the start: as PID 1 of a container the runner would ignore them.
-    let signalled = signal::listen();
+/// One item; `given` is its secret when an envelope brought it, otherwise
+/// it is read alone from stdin.
+async fn run_item(
+    id: Identity,
+    given: Option<String>,
+    signalled: CancellationToken,
+) -> anyhow::Result<Exit> {
     let session_id = match (id.work_type.as_str(), id.session_id.clone()) {
         ("healthcheck", _) => None,
         ("session", Some(session)) => Some(session),
@@ -180,14 +241,17 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             return Ok(Exit::UnknownWorkType);
         }
     };
-    let raw = tokio::select! {
-        raw = secret::read_stdin(Duration::from_secs(id.secret_timeout_seconds)) => {
-            raw.context("reading the Work secret")?
-        }
-        _ = signalled.cancelled() => {
-            tracing::info!(work_id = %id.work_id, "asked to stop before the secret came");
-            return Ok(Exit::Signalled);
-        }
+    let raw = match given {
+        Some(raw) => raw,
+        None => tokio::select! {
+            raw = secret::read_stdin(Duration::from_secs(id.secret_timeout_seconds)) => {
+                raw.context("reading the Work secret")?
+            }
+            _ = signalled.cancelled() => {
+                tracing::info!(work_id = %id.work_id, "asked to stop before the secret came");
+                return Ok(Exit::Signalled);
+            }
+        },
     };
     let token = secret::sessions_token(&raw).context("decoding the Work secret")?;
     drop(raw);

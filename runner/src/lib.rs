@@ -4,7 +4,8 @@
 //! to run, [`tools`] are the six workspace tools, [`healthcheck`] the
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
-//! Stores, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
+//! Stores, [`secret`] the hand-off, [`waiting`] the
+//! envelope of a warm sandbox, [`signal`] SIGTERM and SIGINT,
 //! [`threads`] the threads made at start, [`tool_result`] a result sized
 //! for the api.
 
@@ -22,3 +23,4 @@ pub mod skills;
 pub mod threads;
 pub mod tool_result;
 pub mod tools;
+pub mod waiting;
