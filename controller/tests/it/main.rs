@@ -3,6 +3,7 @@
 mod chart;
 mod docker;
 mod docker_memory;
+mod docker_warm;
 mod engine;
 mod faults;
 mod item;
