@@ -537,7 +537,7 @@ impl<L: Launcher> Shared<L> {
     async fn create_cold(&self, spec: &SandboxSpec) -> Result<Sandbox, String> {
         let work_id = &spec.item.work_id;
         let created =
-            tokio::time::timeout(self.config.request_bound, self.launcher.create(&spec)).await;
+            tokio::time::timeout(self.config.request_bound, self.launcher.create(spec)).await;
         match created {
             Ok(Ok(sandbox)) => Ok(sandbox),
             Ok(Err(LaunchError::AlreadyExists(name))) => {
@@ -552,7 +552,7 @@ impl<L: Launcher> Shared<L> {
             Err(_) => {
                 tracing::error!(%work_id, sandbox = %spec.name, "creating the sandbox timed out; the item is left to its lease");
                 // It may exist by now.
-                self.remove_named(&spec).await;
+                self.remove_named(spec).await;
                 Err("creating the sandbox timed out".into())
             }
         }
@@ -654,13 +654,9 @@ impl<L: Launcher> Shared<L> {
         let id = handle.clone();
         let task = tokio::spawn(async move {
             let mut backoff = Backoff::new(&shared.config);
-            loop {
-                match shared.launcher.wait_warm(&id).await {
-                    Err(LaunchError::Unavailable { .. }) => {
-                        tokio::time::sleep(backoff.next()).await;
-                    }
-                    _ => break,
-                }
+            // While the engine is unavailable it may well be waiting still.
+            while let Err(LaunchError::Unavailable { .. }) = shared.launcher.wait_warm(&id).await {
+                tokio::time::sleep(backoff.next()).await;
             }
             if let Some(warm) = shared.warm.forget(&id) {
                 tracing::warn!(warm = %warm.name, "a warm sandbox ended while it waited; replacing it");
