@@ -496,3 +496,73 @@ async fn docker_warm_restart_adopts_own_and_scale_to_zero_removes(db: sqlx::PgPo
     let _ = Client::new(&api.base, &api.ws_key);
     clean(&engine, &pool, &[]).await;
 }
+
+/// The pool's image changes under it (the tag now names another image):
+/// the warm container of the old image is removed and one of the new is
+/// made, which serves a check.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn docker_warm_image_change_recycles_the_pool(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    use bollard::query_parameters::{RemoveImageOptions, TagImageOptions};
+    let pool = engine::pool("warmimage");
+    let api = engine.api(db, Default::default()).await;
+    let tag = pool.clone();
+    let moving = format!("mango-sandbox-test:{tag}");
+    let retag = async |from: &str| {
+        engine
+            .docker
+            .tag_image(
+                from,
+                Some(TagImageOptions {
+                    repo: Some("mango-sandbox-test".into()),
+                    tag: Some(tag.clone()),
+                }),
+            )
+            .await
+            .expect("tagged");
+    };
+    retag(&engine.image).await;
+    let mut args = engine.args(&api);
+    args.image = moving.clone();
+    let launcher = DockerLauncher::connect(&args, &pool).await.unwrap();
+    let running = Running::start(
+        &api,
+        warm_config(&api, &pool, 1, &format!("{pool}-a")),
+        launcher,
+    )
+    .await;
+    let old = until_warm(&engine, &pool, 1).await;
+    // Another image id, the same runner behind a shell entrypoint.
+    let other = engine
+        .image_running(
+            &format!("{tag}-other"),
+            &["/bin/bash", "-c", "exec \"$0\" \"$@\""],
+        )
+        .await;
+    retag(&other).await;
+    until(
+        "the old image's warm one is replaced",
+        Duration::from_secs(30),
+        async || {
+            let now = warm_ids(&engine, &pool).await;
+            now.len() == 1 && now.is_disjoint(&old) && engine.containers(&pool).await.len() == 1
+        },
+    )
+    .await;
+    let (_, status, message) = healthcheck(&api, Duration::from_secs(60)).await;
+    assert_eq!(status, CheckStatus::Succeeded, "{message}");
+    assert!(running
+        .metrics
+        .render()
+        .contains("mango_supervisor_warm_bound_total 1"));
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    clean(&engine, &pool, &[]).await;
+    for image in [moving, other] {
+        let _ = engine
+            .docker
+            .remove_image(&image, None::<RemoveImageOptions>, None)
+            .await;
+    }
+}
