@@ -41,7 +41,7 @@ impl WaitArgs {
             base_url: self.base_url.clone(),
             work_id: envelope.work_id.clone(),
             environment_id: envelope.environment_id.clone(),
-            work_type: envelope.work_type.clone(),
+            work_type: envelope.work_type.as_str().to_string(),
             session_id: envelope.session_id.clone(),
             workspace: self.workspace.clone(),
             secret_timeout_seconds: 0,
@@ -51,21 +51,24 @@ impl WaitArgs {
     }
 }
 
-/// Reads one envelope line: a byte at a time past nothing (stdin stays
-/// open for the launcher, so reading beyond the newline would block), at
-/// most [`MAX_ENVELOPE_BYTES`] before it. EOF before the newline is a
-/// partial envelope, whatever came before it.
+/// Reads one envelope line, a byte at a time so nothing past its newline
+/// is taken (stdin stays open for the launcher, so reading beyond it would
+/// block), at most [`MAX_ENVELOPE_BYTES`] before it. EOF before the newline
+/// is a partial envelope (or an empty one), whatever came before it.
 pub fn read_envelope(mut input: impl Read) -> Result<Envelope, EnvelopeError> {
     let mut line = Vec::with_capacity(1024);
     let mut byte = [0u8; 1];
     loop {
         match input.read(&mut byte) {
-            Ok(0) => return Err(EnvelopeError::Partial),
-            Ok(_) if byte[0] == b'\n' => break,
-            Ok(_) if line.len() == MAX_ENVELOPE_BYTES => return Err(EnvelopeError::TooLarge),
+            Ok(0) => break,
+            Ok(_) if byte[0] == b'\n' => {
+                line.push(b'\n');
+                break;
+            }
+            Ok(_) if line.len() == MAX_ENVELOPE_BYTES => return Err(EnvelopeError::TooLong),
             Ok(_) => line.push(byte[0]),
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => return Err(EnvelopeError::Partial),
+            Err(_) => break,
         }
     }
     Envelope::parse_line(&line)
@@ -74,15 +77,19 @@ pub fn read_envelope(mut input: impl Read) -> Result<Envelope, EnvelopeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mango_protocol::WorkType;
+
+    // {"sessions_token":"mango_st_secretvalue"}
+    const SECRET: &str = "eyJzZXNzaW9uc190b2tlbiI6Im1hbmdvX3N0X3NlY3JldHZhbHVlIn0";
 
     fn envelope() -> Envelope {
         Envelope {
             work_id: "work_1".into(),
             environment_id: "env_1".into(),
-            work_type: "healthcheck".into(),
+            work_type: WorkType::Healthcheck,
             session_id: None,
             claim: 1,
-            secret: "c2VjcmV0".into(),
+            secret: SECRET.into(),
         }
     }
 
@@ -97,21 +104,21 @@ mod tests {
 
     #[test]
     fn partial_oversized_and_malformed_are_refused() {
-        assert_eq!(read_envelope(&b""[..]), Err(EnvelopeError::Partial));
+        assert_eq!(read_envelope(&b""[..]), Err(EnvelopeError::Empty));
         let line = envelope().to_line();
         let cut = &line.as_bytes()[..line.len() - 1];
         assert_eq!(read_envelope(cut), Err(EnvelopeError::Partial));
         let huge = vec![b'x'; MAX_ENVELOPE_BYTES + 1];
-        assert_eq!(read_envelope(&huge[..]), Err(EnvelopeError::TooLarge));
+        assert_eq!(read_envelope(&huge[..]), Err(EnvelopeError::TooLong));
         let mut exact = vec![b' '; MAX_ENVELOPE_BYTES];
         exact.push(b'\n');
         assert!(matches!(
             read_envelope(&exact[..]),
-            Err(EnvelopeError::Malformed(_))
+            Err(EnvelopeError::NotJson(_))
         ));
         assert!(matches!(
             read_envelope(&b"{}\n"[..]),
-            Err(EnvelopeError::Malformed(_))
+            Err(EnvelopeError::NotJson(_))
         ));
     }
 
@@ -124,7 +131,7 @@ mod tests {
             memory_sync_interval_seconds: 15,
         };
         let id = args.identity(&Envelope {
-            work_type: "session".into(),
+            work_type: WorkType::Session,
             session_id: Some("sesn_1".into()),
             ..envelope()
         });

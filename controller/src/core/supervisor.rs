@@ -1190,7 +1190,7 @@ fn envelope_of(item: &ItemIdentity, secret: Secret) -> Secret {
     let mut envelope = Envelope {
         work_id: item.work_id.clone(),
         environment_id: item.environment_id.clone(),
-        work_type: item.work_type.as_str().to_string(),
+        work_type: item.work_type,
         session_id: item.session_id.clone(),
         claim: item.claim,
         secret: secret.expose().to_string(),
