@@ -87,6 +87,15 @@ struct Common {
     /// running for the next supervisor to adopt.
     #[arg(long, env = "MANGO_DRAIN")]
     drain: bool,
+    /// Warm sandboxes kept started and identity-less, bound on Ack (spec
+    /// §7.1; `docker` only, others start every item cold). 0: none.
+    #[arg(long, env = "MANGO_WARM", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    warm: u32,
+    /// This supervisor's `Anthropic-Worker-ID`, and the owner of its warm
+    /// sandboxes: give each supervisor its own, stable across restarts, so
+    /// a restarted one adopts its warm sandboxes (default: host and pid).
+    #[arg(long, env = "MANGO_WORKER_ID")]
+    worker_id: Option<String>,
     /// With --drain: how long running items get before their sandboxes are removed.
     #[arg(long, env = "MANGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     shutdown_grace_seconds: u64,
@@ -102,6 +111,10 @@ impl Common {
         config.max_concurrency = self.max_concurrency as usize;
         config.pool = self.pool.clone();
         config.shutdown_grace = Duration::from_secs(self.shutdown_grace_seconds);
+        config.warm = self.warm as usize;
+        if let Some(worker_id) = &self.worker_id {
+            config.worker_id = worker_id.clone();
+        }
         config
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod agents;
 pub mod content;
+pub mod envelope;
 pub mod environment;
 pub mod error;
 pub mod events;

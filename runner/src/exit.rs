@@ -36,6 +36,15 @@ pub enum Exit {
     /// `skills/` removed. The Work was stopped if a Stop was asked for;
     /// otherwise its lease is left to expire, so Poll hands the item out again.
     Signalled = 7,
+    /// Waiting mode (`--wait`): the envelope on stdin was refused (too long,
+    /// not UTF-8, not JSON, cut off before its newline, or invalid). Nothing
+    /// was contacted; no Work was touched.
+    EnvelopeRefused = 8,
+    /// Waiting mode: stdin closed before any envelope byte, the supervisor
+    /// recycling a sandbox it no longer needs. A clean end.
+    Recycled = 9,
+    /// Waiting mode: `--wait-timeout-seconds` passed with no envelope.
+    WaitTimedOut = 10,
 }
 
 impl From<Exit> for ExitCode {
@@ -56,6 +65,9 @@ impl Exit {
             Exit::Unreported => "unreported",
             Exit::InputFailed => "input_failed",
             Exit::Signalled => "signalled",
+            Exit::EnvelopeRefused => "envelope_refused",
+            Exit::Recycled => "recycled",
+            Exit::WaitTimedOut => "wait_timed_out",
         }
     }
 
@@ -71,6 +83,9 @@ impl Exit {
             Unreported,
             InputFailed,
             Signalled,
+            EnvelopeRefused,
+            Recycled,
+            WaitTimedOut,
         ]
         .into_iter()
         .find(|e| *e as i32 == code)
@@ -83,10 +98,10 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_none() {
-        for code in 0..=7 {
+        for code in 0..=10 {
             assert_eq!(Exit::from_code(code).map(|e| e as i32), Some(code));
         }
-        assert_eq!(Exit::from_code(8), None);
+        assert_eq!(Exit::from_code(11), None);
         assert_eq!(Exit::from_code(-1), None);
     }
 }

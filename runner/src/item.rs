@@ -9,9 +9,10 @@ use crate::heartbeat::{HeartbeatKeeper, KeeperEnd};
 use crate::memory::{self, Mounted, END_BOUND, SIGNAL_FLUSH_BOUND};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{healthcheck, secret, session, signal, skills, threads};
+use crate::{envelope, healthcheck, secret, session, signal, skills, threads};
 use anyhow::Context;
 use mango_client::Client;
+use mango_protocol::envelope::EnvelopeError;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,20 +23,29 @@ use tokio_util::sync::CancellationToken;
 pub struct Identity {
     #[arg(long, env = "MANGO_BASE_URL")]
     pub base_url: String,
-    #[arg(long, env = "MANGO_WORK_ID")]
-    pub work_id: String,
-    #[arg(long, env = "MANGO_ENVIRONMENT_ID")]
-    pub environment_id: String,
+    #[arg(long, env = "MANGO_WORK_ID", required_unless_present = "wait")]
+    pub work_id: Option<String>,
+    #[arg(long, env = "MANGO_ENVIRONMENT_ID", required_unless_present = "wait")]
+    pub environment_id: Option<String>,
     /// `session` or `healthcheck`.
-    #[arg(long, env = "MANGO_WORK_TYPE")]
-    pub work_type: String,
+    #[arg(long, env = "MANGO_WORK_TYPE", required_unless_present = "wait")]
+    pub work_type: Option<String>,
     #[arg(long, env = "MANGO_SESSION_ID")]
     pub session_id: Option<String>,
+    /// Start before the Work is known (a warm sandbox, spec §7.1): the
+    /// identity and the secret arrive together as one envelope line on
+    /// stdin; the identity options and variables above are not read.
+    #[arg(long)]
+    pub wait: bool,
+    /// With `--wait`: give up after this long with no envelope (exit 10).
+    /// Without it the runner waits until its stdin closes.
+    #[arg(long, requires = "wait")]
+    pub wait_timeout_seconds: Option<u64>,
     /// The workspace; a relative path is taken from the directory the
     /// runner starts in.
     #[arg(long, env = "MANGO_WORKSPACE", default_value = "/workspace")]
     pub workspace: PathBuf,
-    /// How long to wait for the secret on stdin.
+    /// How long to wait for the secret on stdin (not in waiting mode).
     #[arg(long, default_value_t = 30)]
     pub secret_timeout_seconds: u64,
     /// How long to stay after an end-of-turn idle before exiting (spec §8:
@@ -127,7 +137,7 @@ pub fn run(identity: Identity) -> ExitCode {
 const SIGNAL_STOP_BOUND: Duration = Duration::from_secs(3);
 
 /// The runner's own forced Stop of its Work; bounded after a stop signal.
-async fn final_stop(client: &Client, id: &Identity, signalled: bool) {
+async fn final_stop(client: &Client, id: &Activation, signalled: bool) {
     let stop = client.stop(&id.environment_id, &id.work_id, true);
     let stopped = if signalled {
         match tokio::time::timeout(SIGNAL_STOP_BOUND, stop).await {
@@ -166,18 +176,33 @@ async fn prepare_inputs(
     }
 }
 
-async fn run_item(id: Identity) -> anyhow::Result<Exit> {
-    // From the start: as PID 1 of a container the runner would ignore them.
-    let signalled = signal::listen();
-    let session_id = match (id.work_type.as_str(), id.session_id.clone()) {
+/// The Work an activation runs, from the environment or an envelope.
+struct Activation {
+    work_id: String,
+    environment_id: String,
+    session_id: Option<String>,
+}
+
+/// The cold start's identity (options or environment) and its secret on
+/// stdin; the Work type is checked before the secret is read.
+async fn from_environment(
+    id: &Identity,
+    signalled: &CancellationToken,
+) -> anyhow::Result<Result<(Activation, String), Exit>> {
+    let (Some(work_id), Some(environment_id), Some(work_type)) =
+        (&id.work_id, &id.environment_id, &id.work_type)
+    else {
+        anyhow::bail!("MANGO_WORK_ID, MANGO_ENVIRONMENT_ID and MANGO_WORK_TYPE are required");
+    };
+    let session_id = match (work_type.as_str(), id.session_id.clone()) {
         ("healthcheck", _) => None,
         ("session", Some(session)) => Some(session),
         ("session", None) => anyhow::bail!("MANGO_SESSION_ID is required for session Work"),
         // Left untouched before claiming its lease, so it expires and Poll
         // hands the item to a worker that can run it.
         (other, _) => {
-            tracing::error!(work_id = %id.work_id, work_type = %other, "unknown Work type; leaving it to be reclaimed");
-            return Ok(Exit::UnknownWorkType);
+            tracing::error!(work_id = %work_id, work_type = %other, "unknown Work type; leaving it to be reclaimed");
+            return Ok(Err(Exit::UnknownWorkType));
         }
     };
     let raw = tokio::select! {
@@ -185,35 +210,105 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             raw.context("reading the Work secret")?
         }
         _ = signalled.cancelled() => {
-            tracing::info!(work_id = %id.work_id, "asked to stop before the secret came");
-            return Ok(Exit::Signalled);
+            tracing::info!(work_id = %work_id, "asked to stop before the secret came");
+            return Ok(Err(Exit::Signalled));
         }
     };
+    let item = Activation {
+        work_id: work_id.clone(),
+        environment_id: environment_id.clone(),
+        session_id,
+    };
+    Ok(Ok((item, raw)))
+}
+
+/// Waiting mode: nothing is known and nothing is contacted until one
+/// envelope parses; each way of not getting one has its own exit.
+async fn from_envelope(
+    id: &Identity,
+    signalled: &CancellationToken,
+) -> Result<(Activation, String), Exit> {
+    tracing::info!("waiting for an activation envelope on stdin");
+    let reading = tokio::task::spawn_blocking(envelope::read_stdin);
+    let timeout = async {
+        match id.wait_timeout_seconds {
+            Some(seconds) => tokio::time::sleep(Duration::from_secs(seconds)).await,
+            None => std::future::pending().await,
+        }
+    };
+    let read = tokio::select! {
+        read = reading => read,
+        _ = timeout => {
+            tracing::info!("no envelope within the wait timeout");
+            return Err(Exit::WaitTimedOut);
+        }
+        _ = signalled.cancelled() => {
+            tracing::info!("asked to stop before an envelope came");
+            return Err(Exit::Signalled);
+        }
+    };
+    let envelope = match read {
+        Ok(Ok(envelope)) => envelope,
+        Ok(Err(envelope::ReadError::Envelope(EnvelopeError::Empty))) => {
+            tracing::info!("stdin closed before an envelope: recycled");
+            return Err(Exit::Recycled);
+        }
+        Ok(Err(err)) => {
+            tracing::error!(error = %err, "refusing the activation envelope");
+            return Err(Exit::EnvelopeRefused);
+        }
+        Err(join) => {
+            tracing::error!(error = %join, "the envelope reader failed");
+            return Err(Exit::EnvelopeRefused);
+        }
+    };
+    tracing::info!(work_id = %envelope.work_id, claim = envelope.claim, "activation envelope accepted");
+    let item = Activation {
+        work_id: envelope.work_id,
+        environment_id: envelope.environment_id,
+        session_id: envelope.session_id,
+    };
+    Ok((item, envelope.secret))
+}
+
+async fn run_item(id: Identity) -> anyhow::Result<Exit> {
+    // From the start: as PID 1 of a container the runner would ignore them.
+    let signalled = signal::listen();
+    let started = if id.wait {
+        from_envelope(&id, &signalled).await
+    } else {
+        from_environment(&id, &signalled).await?
+    };
+    let (item, raw) = match started {
+        Ok(started) => started,
+        Err(exit) => return Ok(exit),
+    };
+    let session_id = item.session_id.clone();
     let token = secret::sessions_token(&raw).context("decoding the Work secret")?;
     drop(raw);
     let client = Client::new(&id.base_url, &token);
     drop(token);
     let keeper = HeartbeatKeeper {
         client: client.clone(),
-        environment_id: id.environment_id.clone(),
-        work_id: id.work_id.clone(),
+        environment_id: item.environment_id.clone(),
+        work_id: item.work_id.clone(),
     };
 
     let claimed = tokio::select! {
         claimed = keeper.claim() => claimed,
         _ = signalled.cancelled() => {
-            tracing::info!(work_id = %id.work_id, "asked to stop before the lease was claimed; leaving it to expire");
+            tracing::info!(work_id = %item.work_id, "asked to stop before the lease was claimed; leaving it to expire");
             return Ok(Exit::Signalled);
         }
     };
     let first = match claimed {
         Ok(beat) => beat,
         Err(end) => {
-            tracing::warn!(work_id = %id.work_id, end = ?end, "could not claim the lease");
+            tracing::warn!(work_id = %item.work_id, end = ?end, "could not claim the lease");
             return Ok(Exit::LeftToExpire);
         }
     };
-    tracing::info!(work_id = %id.work_id, ttl_seconds = first.ttl_seconds, "lease claimed");
+    tracing::info!(work_id = %item.work_id, ttl_seconds = first.ttl_seconds, "lease claimed");
     let (done, lost) = (CancellationToken::new(), CancellationToken::new());
     // Work ends when the lease does, or at a stop signal: no call is taken
     // after it and the running one is cancelled, as for a Stop.
@@ -281,19 +376,19 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         use session::SessionEnd;
         // Ended by the stop signal (not by something that came before it).
         let by_signal = signalled.is_cancelled() && session_end == SessionEnd::LeaseEnded;
-        tracing::info!(work_id = %id.work_id, session_end = ?session_end, lease_end = ?lease_end, by_signal, "session work ended");
+        tracing::info!(work_id = %item.work_id, session_end = ?session_end, lease_end = ?lease_end, by_signal, "session work ended");
         if let SessionEnd::InvalidInput(why) = &session_end {
             let why = prepare::fail_message(why);
             // Fail stops the Work and terminates the Session in one step.
             return Ok(
-                match client.fail(&id.environment_id, &id.work_id, &why).await {
+                match client.fail(&item.environment_id, &item.work_id, &why).await {
                     Ok(_) => {
-                        tracing::error!(work_id = %id.work_id, reason = %why, "the Session's input is invalid; the Work was failed");
+                        tracing::error!(work_id = %item.work_id, reason = %why, "the Session's input is invalid; the Work was failed");
                         Exit::InputFailed
                     }
                     Err(err) => {
                         // Not recorded: the lease expires and the next holder finds the same.
-                        tracing::error!(work_id = %id.work_id, reason = %why, error = %err, "could not fail the Work");
+                        tracing::error!(work_id = %item.work_id, reason = %why, error = %err, "could not fail the Work");
                         Exit::Unreported
                     }
                 },
@@ -308,7 +403,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             SessionEnd::ResultUndelivered(_) | SessionEnd::PreparationUnavailable(_)
         ) || (by_signal && lease_end == KeeperEnd::Interrupted);
         if lease_end.may_stop() && !leave_to_expire {
-            final_stop(&client, &id, signalled.is_cancelled()).await;
+            final_stop(&client, &item, signalled.is_cancelled()).await;
         }
         if by_signal {
             return Ok(Exit::Signalled);
@@ -333,12 +428,12 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         if signalled.is_cancelled() {
             // A Stop asked for is honoured; otherwise the check is reclaimed.
             if end == KeeperEnd::StopRequested {
-                final_stop(&client, &id, true).await;
+                final_stop(&client, &item, true).await;
             }
-            tracing::info!(work_id = %id.work_id, end = ?end, "stop signal before the probe finished");
+            tracing::info!(work_id = %item.work_id, end = ?end, "stop signal before the probe finished");
             return Ok(Exit::Signalled);
         }
-        tracing::warn!(work_id = %id.work_id, end = ?end, "lease ended before the probe finished");
+        tracing::warn!(work_id = %item.work_id, end = ?end, "lease ended before the probe finished");
         return Ok(Exit::LeftToExpire);
     };
     let (succeeded, message) = match outcome {
@@ -347,17 +442,17 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     };
     // The Result stores the outcome and stops the Work in one step.
     match client
-        .result(&id.environment_id, &id.work_id, succeeded, &message)
+        .result(&item.environment_id, &item.work_id, succeeded, &message)
         .await
     {
         Ok(_) => {
-            tracing::info!(work_id = %id.work_id, succeeded, message = %message, "healthcheck reported");
+            tracing::info!(work_id = %item.work_id, succeeded, message = %message, "healthcheck reported");
             Ok(if succeeded { Exit::Done } else { Exit::Failed })
         }
         Err(err) => {
-            tracing::error!(work_id = %id.work_id, error = %err, "could not report the healthcheck result");
+            tracing::error!(work_id = %item.work_id, error = %err, "could not report the healthcheck result");
             if end.may_stop() {
-                let _ = client.stop(&id.environment_id, &id.work_id, true).await;
+                let _ = client.stop(&item.environment_id, &item.work_id, true).await;
             }
             Ok(Exit::Unreported)
         }

@@ -5,10 +5,12 @@
 //! fixed probe, [`prepare`] checks pinned inputs, [`skills`] materializes
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
 //! Stores, [`init`] the runner as its sandbox's PID 1, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
-//! [`threads`] the threads made at start, [`tool_result`] a result sized
+//! [`threads`] the threads made at start, [`envelope`] waiting mode's read
+//! of the activation envelope, [`tool_result`] a result sized
 //! for the api.
 
 pub mod calls;
+pub mod envelope;
 pub mod exit;
 #[doc(hidden)]
 pub mod fuzzing;

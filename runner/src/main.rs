@@ -1,5 +1,6 @@
 //! `mango-runner`: runs one acknowledged Work item inside its sandbox.
-//! Identity comes from the environment; the Work secret arrives once on stdin.
+//! Identity comes from the environment and the Work secret once on stdin, or
+//! (`--wait`) both together in one activation envelope line on stdin.
 
 use clap::Parser;
 use mango_runner::init::{self, Role};

@@ -49,6 +49,13 @@ pub struct Config {
     pub finish_grace: Duration,
     /// How often the workspaces of deleted Sessions are looked for and removed.
     pub workspace_sweep_every: Duration,
+    /// Warm sandboxes kept started and identity-less, ready to be bound on
+    /// Ack (spec §7.1); 0: every item starts cold. They do not count
+    /// against `max_concurrency`, which counts bound sandboxes.
+    pub warm: usize,
+    /// How often the warm pool checks its image (a changed one recycles
+    /// the warm sandboxes of the old) and retries what it failed to make.
+    pub warm_check_every: Duration,
     /// First pause after a failed Poll; doubles (with jitter) up to `max_backoff`.
     pub first_backoff: Duration,
     pub max_backoff: Duration,
@@ -71,6 +78,8 @@ impl Config {
             stopping_grace: STOPPING_GRACE,
             finish_grace: Duration::from_secs(5),
             workspace_sweep_every: Duration::from_secs(300),
+            warm: 0,
+            warm_check_every: Duration::from_secs(5),
             first_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
         }

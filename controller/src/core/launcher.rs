@@ -64,6 +64,19 @@ pub struct Found {
     pub running: bool,
 }
 
+/// A started sandbox no item owns yet (spec §7.1): its runner waits,
+/// identity-less, for an envelope. The supervisor's warm pool holds each
+/// by value and hands it out once.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Warm {
+    pub name: String,
+    /// The launcher's own handle (a container id…).
+    pub handle: String,
+    /// The image it runs, as the engine identifies it: a pool whose image
+    /// changed recycles the warm sandboxes of the old one.
+    pub image: String,
+}
+
 /// When the hand-off's two stages happened.
 #[derive(Debug, Clone, Copy)]
 pub struct HandOff {
@@ -87,6 +100,10 @@ pub enum LaunchError {
     /// A sandbox of this name exists: this claim has one already.
     #[error("a sandbox named {0} exists already")]
     AlreadyExists(String),
+    /// The warm sandbox is bound to another item already: not the caller's
+    /// to bind or remove.
+    #[error("warm sandbox {0} is bound to another item")]
+    Taken(String),
     /// The sandbox does not exist (any more).
     #[error("sandbox {0} does not exist")]
     NotFound(String),
@@ -166,4 +183,92 @@ pub trait Launcher: Send + Sync + 'static {
         &self,
         session_id: &str,
     ) -> impl Future<Output = Result<(), LaunchError>> + Send;
+
+    // The warm half (spec §7.1). The defaults mean "no warm sandboxes":
+    // the supervisor then starts every item cold.
+
+    /// The image new warm sandboxes would run now; `None`: this launcher
+    /// makes no warm sandboxes.
+    fn warm_image(&self) -> impl Future<Output = Result<Option<String>, LaunchError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Makes and starts one warm sandbox of `owner` (the supervisor's
+    /// worker id), with a fresh workspace and no identity.
+    fn create_warm(&self, owner: &str) -> impl Future<Output = Result<Warm, LaunchError>> + Send {
+        let _ = owner;
+        async {
+            Err(LaunchError::Failed(
+                "this launcher has no warm sandboxes".into(),
+            ))
+        }
+    }
+
+    /// The unbound warm sandboxes `owner` left (another supervisor's are
+    /// never listed: only their owner may bind them).
+    fn existing_warm(
+        &self,
+        owner: &str,
+    ) -> impl Future<Output = Result<Vec<Warm>, LaunchError>> + Send {
+        let _ = owner;
+        async { Ok(Vec::new()) }
+    }
+
+    /// Whether Session `session_id` has a workspace already: then it never
+    /// goes warm (a warm sandbox's workspace is fresh).
+    fn has_workspace(
+        &self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<bool, LaunchError>> + Send {
+        let _ = session_id;
+        async { Ok(true) }
+    }
+
+    /// Makes `warm` the sandbox of `spec`'s item: findable by its name and
+    /// item as a cold one is, and, for Session Work, its workspace the
+    /// Session's from now on.
+    fn bind(
+        &self,
+        warm: &Warm,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<Sandbox, LaunchError>> + Send {
+        let _ = (warm, spec);
+        async {
+            Err(LaunchError::Failed(
+                "this launcher has no warm sandboxes".into(),
+            ))
+        }
+    }
+
+    /// Writes the envelope line to the bound sandbox's waiting runner, once.
+    /// Returns when it was written.
+    fn deliver(
+        &self,
+        sandbox: &Sandbox,
+        envelope: Secret,
+    ) -> impl Future<Output = Result<Instant, LaunchError>> + Send {
+        let _ = (sandbox, envelope);
+        async {
+            Err(LaunchError::Failed(
+                "this launcher has no warm sandboxes".into(),
+            ))
+        }
+    }
+
+    /// Until the runner of the warm sandbox `handle` exits (it should not
+    /// while it waits).
+    fn wait_warm(
+        &self,
+        handle: &str,
+    ) -> impl Future<Output = Result<SandboxExit, LaunchError>> + Send {
+        let _ = handle;
+        async { Ok(SandboxExit::Gone) }
+    }
+
+    /// Removes an unbound warm sandbox and its workspace. One already gone
+    /// is removed.
+    fn remove_warm(&self, warm: &Warm) -> impl Future<Output = Result<(), LaunchError>> + Send {
+        let _ = warm;
+        async { Ok(()) }
+    }
 }

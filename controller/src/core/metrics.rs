@@ -75,6 +75,13 @@ pub struct Metrics {
     pub poll_errors: AtomicU64,
     pub removal_errors: AtomicU64,
     pub live: AtomicI64,
+    /// Warm sandboxes ready now.
+    pub warm_ready: AtomicI64,
+    /// Items served by a warm sandbox.
+    pub warm_bound: AtomicU64,
+    /// Items that found no warm sandbox ready (or one that failed to bind)
+    /// and started cold, with a warm pool configured.
+    pub warm_missed: AtomicU64,
     last_poll_ok: Mutex<Option<SystemTime>>,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
@@ -150,7 +157,7 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# HELP mango_supervisor_stage_seconds Time from an item's previous stage to this one (acked, created, started, delivered, exited, gone).\n# TYPE mango_supervisor_stage_seconds histogram"
+        "# HELP mango_supervisor_stage_seconds Time from an item's previous stage to this one (acked, bound, created, started, delivered, exited, gone).\n# TYPE mango_supervisor_stage_seconds histogram"
     );
     for (pool, metrics) in pools {
         let stages = metrics.stages.lock().expect("metrics lock");
@@ -190,7 +197,7 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
         }
     }
     type Counter = (&'static str, &'static str, fn(&Metrics) -> u64);
-    let counters: [Counter; 4] = [
+    let counters: [Counter; 6] = [
         ("mango_supervisor_polls_total", "Polls answered.", |m| {
             m.polls.load(Relaxed)
         }),
@@ -209,6 +216,16 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
             "Sandbox removals the engine did not confirm.",
             |m| m.removal_errors.load(Relaxed),
         ),
+        (
+            "mango_supervisor_warm_bound_total",
+            "Items served by a warm sandbox.",
+            |m| m.warm_bound.load(Relaxed),
+        ),
+        (
+            "mango_supervisor_warm_missed_total",
+            "Items that started cold because no warm sandbox was ready.",
+            |m| m.warm_missed.load(Relaxed),
+        ),
     ];
     for (name, help, value) in counters {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -226,6 +243,18 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
             "mango_supervisor_live_sandboxes{} {}",
             label(*pool, ""),
             metrics.live.load(Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mango_supervisor_warm_ready Warm sandboxes ready to be bound.\n# TYPE mango_supervisor_warm_ready gauge"
+    );
+    for (pool, metrics) in pools {
+        let _ = writeln!(
+            out,
+            "mango_supervisor_warm_ready{} {}",
+            label(*pool, ""),
+            metrics.warm_ready.load(Relaxed)
         );
     }
     out

@@ -10,3 +10,4 @@ pub mod observer;
 pub mod secret;
 pub mod stages;
 pub mod supervisor;
+pub mod warm;

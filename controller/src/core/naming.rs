@@ -13,6 +13,9 @@ pub const LABEL_WORK_TYPE: &str = "mango.dev/work-type";
 pub const LABEL_POOL: &str = "mango.dev/pool";
 pub const LABEL_CLAIM: &str = "mango.dev/claim";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// On a warm sandbox: the worker id of the supervisor that made it, the
+/// only one that may bind it.
+pub const LABEL_WARM_OWNER: &str = "mango.dev/warm-owner";
 pub const MANAGED_BY: &str = "mango-worker";
 
 /// `mango-<work id>-<claim>`, lower case with `-` for `_`: a valid Docker

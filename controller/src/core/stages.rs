@@ -1,5 +1,6 @@
-//! The stages of one item, each timed: polled, acked, sandbox created,
-//! started, secret delivered, sandbox gone. Durations between them go to
+//! The stages of one item, each timed: polled, acked, a warm sandbox
+//! bound (or a cold one created and started), secret delivered, sandbox
+//! gone. Durations between them go to
 //! the stage histograms; the whole record to one debug line per item.
 
 use std::time::Instant;
@@ -8,6 +9,8 @@ use std::time::Instant;
 pub enum Stage {
     Polled,
     Acked,
+    /// A warm sandbox was taken and bound to the item (no create, no start).
+    Bound,
     Created,
     Started,
     Delivered,
@@ -16,9 +19,10 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 7] = [
+    pub const ALL: [Stage; 8] = [
         Stage::Polled,
         Stage::Acked,
+        Stage::Bound,
         Stage::Created,
         Stage::Started,
         Stage::Delivered,
@@ -30,6 +34,7 @@ impl Stage {
         match self {
             Stage::Polled => "polled",
             Stage::Acked => "acked",
+            Stage::Bound => "bound",
             Stage::Created => "created",
             Stage::Started => "started",
             Stage::Delivered => "delivered",
@@ -42,7 +47,7 @@ impl Stage {
 /// When each stage of one item happened (a stage it never reached: `None`).
 #[derive(Debug, Clone, Default)]
 pub struct Stamps {
-    at: [Option<Instant>; 7],
+    at: [Option<Instant>; Stage::ALL.len()],
 }
 
 impl Stamps {

@@ -9,13 +9,15 @@
 
 use crate::core::config::Config;
 use crate::core::launcher::{
-    Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+    Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
 };
 use crate::core::metrics::{Metrics, Outcome};
 use crate::core::observer::{Happening, Observer, Quiet};
 use crate::core::secret::Secret;
 use crate::core::stages::{Stage, Stamps};
+use crate::core::warm::WarmPool;
 use mango_client::{Client, ClientError, RetryPolicy};
+use mango_protocol::envelope::Envelope;
 use mango_protocol::{ClaimState, Work, WorkData, WorkState, WorkType};
 use rand::Rng;
 use std::collections::HashMap;
@@ -103,6 +105,8 @@ struct Shared<L> {
     observer: Arc<dyn Observer>,
     live: Mutex<HashMap<String, LiveItem>>,
     slots: Arc<Semaphore>,
+    /// Warm sandboxes ready to be bound; their own bound, not `slots`.
+    warm: WarmPool,
     /// Set on shutdown once the grace is over: every sandbox goes now.
     force: CancellationToken,
     /// Set when the shutdown's bound is over too: removals stop retrying.
@@ -120,8 +124,10 @@ impl<L: Launcher> Supervisor<L> {
         let poller = Client::new(api_base, key.expose()).with_retry(RetryPolicy::none());
         let ops = Client::new(api_base, key.expose());
         let slots = Arc::new(Semaphore::new(config.max_concurrency));
+        let warm = WarmPool::new(config.warm);
         Supervisor {
             shared: Arc::new(Shared {
+                warm,
                 config,
                 launcher,
                 poller,
@@ -191,8 +197,10 @@ impl<L: Launcher> Supervisor<L> {
         let shared = self.shared.clone();
         let mut items = JoinSet::new();
         shared.reconcile(&mut items).await;
+        shared.reconcile_warm().await;
         let watcher = tokio::spawn(shared.clone().watch_claims());
         let sweeper = tokio::spawn(shared.clone().sweep_workspaces());
+        let filler = tokio::spawn(shared.clone().keep_warm());
         let stopping = CancellationToken::new();
         let (end, how) = {
             let polling = shared.clone().poll_loop(&mut items, stopping.clone());
@@ -207,7 +215,13 @@ impl<L: Launcher> Supervisor<L> {
         };
         watcher.abort();
         sweeper.abort();
+        filler.abort();
+        let _ = filler.await;
         if how == Stop::Detach {
+            // Warm sandboxes stay too: their owner (this worker id) adopts
+            // them when it starts again. Only the watching stops.
+            drop(shared.warm.drain(|_| false));
+            shared.note_warm();
             shared.detach(&mut items).await;
             return match end {
                 RunEnd::KeyRefused(why) => RunEnd::KeyRefused(why),
@@ -218,6 +232,7 @@ impl<L: Launcher> Supervisor<L> {
             live = shared.live_count(),
             "no longer polling; letting running items finish"
         );
+        shared.clear_warm().await;
         let watcher = tokio::spawn(shared.clone().watch_claims());
         shared.drain(&mut items).await;
         watcher.abort();
@@ -442,27 +457,22 @@ impl<L: Launcher> Shared<L> {
         }
         stamps.mark(Stage::Acked);
         let spec = SandboxSpec::for_item(item, &self.config.pool, &self.config.sandbox_base_url);
-        let created =
-            tokio::time::timeout(self.config.request_bound, self.launcher.create(&spec)).await;
-        let sandbox = match created {
-            Ok(Ok(sandbox)) => sandbox,
-            Ok(Err(LaunchError::AlreadyExists(name))) => {
-                // Only this claim could have made it: never a second sandbox.
-                tracing::error!(%work_id, sandbox = %name, "a sandbox for this claim exists already; not starting another");
-                return Err(format!("a sandbox for this claim exists already ({name})"));
+        let bound = match self.take_warm(item).await {
+            Some(warm) => self.bind(warm, &spec).await,
+            None => None,
+        };
+        let warm = bound.is_some();
+        let sandbox = match bound {
+            Some(sandbox) => {
+                stamps.mark(Stage::Bound);
+                sandbox
             }
-            Ok(Err(err)) => {
-                tracing::error!(%work_id, sandbox = %spec.name, error = %err, "could not create the sandbox; the item is left to its lease");
-                return Err(format!("could not create the sandbox: {err}"));
-            }
-            Err(_) => {
-                tracing::error!(%work_id, sandbox = %spec.name, "creating the sandbox timed out; the item is left to its lease");
-                // It may exist by now.
-                self.remove_named(&spec).await;
-                return Err("creating the sandbox timed out".into());
+            None => {
+                let sandbox = self.create_cold(&spec).await?;
+                stamps.mark(Stage::Created);
+                sandbox
             }
         };
-        stamps.mark(Stage::Created);
         // After a cancellation, no secret is delivered.
         if *verdict.borrow() != Verdict::Live || self.force.is_cancelled() {
             tracing::info!(%work_id, "stopped before its hand-off; removing the sandbox unstarted");
@@ -475,19 +485,35 @@ impl<L: Launcher> Shared<L> {
             });
             return Ok(Some(Outcome::Cancelled));
         }
-        let handed = tokio::time::timeout(
-            self.hand_off_bound(item, stamps),
-            self.launcher.hand_off(&sandbox, secret),
-        )
-        .await;
-        let failed = match handed {
-            Ok(Ok(handed)) => {
-                stamps.mark_at(Stage::Started, handed.started);
-                stamps.mark_at(Stage::Delivered, handed.delivered);
-                None
+        let failed = if warm {
+            let delivered = tokio::time::timeout(
+                self.hand_off_bound(item, stamps),
+                self.launcher.deliver(&sandbox, envelope_of(item, secret)),
+            )
+            .await;
+            match delivered {
+                Ok(Ok(at)) => {
+                    stamps.mark_at(Stage::Delivered, at);
+                    None
+                }
+                Ok(Err(err)) => Some(format!("delivering the envelope failed: {err}")),
+                Err(_) => Some("delivering the envelope timed out".to_string()),
             }
-            Ok(Err(err)) => Some(format!("the hand-off failed: {err}")),
-            Err(_) => Some("the hand-off timed out".to_string()),
+        } else {
+            let handed = tokio::time::timeout(
+                self.hand_off_bound(item, stamps),
+                self.launcher.hand_off(&sandbox, secret),
+            )
+            .await;
+            match handed {
+                Ok(Ok(handed)) => {
+                    stamps.mark_at(Stage::Started, handed.started);
+                    stamps.mark_at(Stage::Delivered, handed.delivered);
+                    None
+                }
+                Ok(Err(err)) => Some(format!("the hand-off failed: {err}")),
+                Err(_) => Some("the hand-off timed out".to_string()),
+            }
         };
         if let Some(failure) = failed {
             tracing::error!(%work_id, sandbox = %sandbox.name, error = %failure, "removing the sandbox; the item is left to its lease");
@@ -500,11 +526,298 @@ impl<L: Launcher> Shared<L> {
         Ok(self.watch(&sandbox, verdict, stamps).await)
     }
 
+    /// Creates the item's sandbox, not yet started; `Err` says why not
+    /// (the item is then left to its lease).
+    async fn create_cold(&self, spec: &SandboxSpec) -> Result<Sandbox, String> {
+        let work_id = &spec.item.work_id;
+        let created =
+            tokio::time::timeout(self.config.request_bound, self.launcher.create(spec)).await;
+        match created {
+            Ok(Ok(sandbox)) => Ok(sandbox),
+            Ok(Err(LaunchError::AlreadyExists(name))) => {
+                // Only this claim could have made it: never a second sandbox.
+                tracing::error!(%work_id, sandbox = %name, "a sandbox for this claim exists already; not starting another");
+                Err(format!("a sandbox for this claim exists already ({name})"))
+            }
+            Ok(Err(err)) => {
+                tracing::error!(%work_id, sandbox = %spec.name, error = %err, "could not create the sandbox; the item is left to its lease");
+                Err(format!("could not create the sandbox: {err}"))
+            }
+            Err(_) => {
+                tracing::error!(%work_id, sandbox = %spec.name, "creating the sandbox timed out; the item is left to its lease");
+                // It may exist by now.
+                self.remove_named(spec).await;
+                Err("creating the sandbox timed out".into())
+            }
+        }
+    }
+
+    /// A ready warm sandbox for `item`, if it may go warm: a healthcheck,
+    /// or a Session's first activation (a Session with a workspace keeps
+    /// it, so goes cold). `None` starts it cold at once: a claim never
+    /// waits for the pool.
+    async fn take_warm(&self, item: &ItemIdentity) -> Option<Warm> {
+        if self.warm.target() == 0 {
+            return None;
+        }
+        if self.warm.ready() == 0 {
+            self.metrics.warm_missed.fetch_add(1, Relaxed);
+            return None;
+        }
+        if let Some(session_id) = &item.session_id {
+            let has = tokio::time::timeout(
+                self.config.request_bound,
+                self.launcher.has_workspace(session_id),
+            )
+            .await;
+            match has {
+                Ok(Ok(false)) => {}
+                Ok(Ok(true)) => return None,
+                Ok(Err(err)) => {
+                    tracing::warn!(work_id = %item.work_id, error = %err, "could not tell whether the Session has a workspace; starting it cold");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::warn!(work_id = %item.work_id, "asking whether the Session has a workspace timed out; starting it cold");
+                    return None;
+                }
+            }
+        }
+        let taken = self.warm.take();
+        if taken.is_none() {
+            self.metrics.warm_missed.fetch_add(1, Relaxed);
+        }
+        self.note_warm();
+        taken
+    }
+
+    /// Binds a warm sandbox taken from the pool to `spec`'s item; one that
+    /// will not bind is removed, and the item starts cold.
+    async fn bind(&self, warm: Warm, spec: &SandboxSpec) -> Option<Sandbox> {
+        let work_id = &spec.item.work_id;
+        let bound =
+            tokio::time::timeout(self.config.request_bound, self.launcher.bind(&warm, spec)).await;
+        let why = match bound {
+            Ok(Ok(sandbox)) => {
+                self.metrics.warm_bound.fetch_add(1, Relaxed);
+                tracing::info!(%work_id, sandbox = %sandbox.name, warm = %warm.name, "bound a warm sandbox");
+                return Some(sandbox);
+            }
+            Ok(Err(LaunchError::Taken(name))) => {
+                // Never bound twice, and never removed under its item.
+                tracing::error!(%work_id, warm = %name, "a warm sandbox of the pool is bound to another item already; leaving it and starting the item cold");
+                self.metrics.warm_missed.fetch_add(1, Relaxed);
+                return None;
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("no answer within {:?}", self.config.request_bound),
+        };
+        tracing::warn!(%work_id, warm = %warm.name, error = %why, "could not bind the warm sandbox; removing it and starting the item cold");
+        self.metrics.warm_missed.fetch_add(1, Relaxed);
+        self.remove_warm(&warm).await;
+        None
+    }
+
+    fn note_warm(&self) {
+        self.metrics
+            .warm_ready
+            .store(self.warm.ready() as i64, Relaxed);
+    }
+
+    /// Removes an unbound warm sandbox, within the request bound; one whose
+    /// removal fails is listed again by the next start of its owner.
+    async fn remove_warm(&self, warm: &Warm) {
+        match tokio::time::timeout(self.config.request_bound, self.launcher.remove_warm(warm)).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                self.metrics.removal_errors.fetch_add(1, Relaxed);
+                tracing::error!(warm = %warm.name, error = %err, "could not remove a warm sandbox");
+            }
+            Err(_) => {
+                self.metrics.removal_errors.fetch_add(1, Relaxed);
+                tracing::error!(warm = %warm.name, "removing a warm sandbox timed out");
+            }
+        }
+    }
+
+    /// Watches a ready warm sandbox: one that dies while it waits leaves the
+    /// pool, is removed, and the filler replaces it.
+    fn watch_warm(self: &Arc<Self>, handle: String) {
+        let shared = self.clone();
+        let id = handle.clone();
+        let task = tokio::spawn(async move {
+            let mut backoff = Backoff::new(&shared.config);
+            // While the engine is unavailable it may well be waiting still.
+            while let Err(LaunchError::Unavailable { .. }) = shared.launcher.wait_warm(&id).await {
+                tokio::time::sleep(backoff.next()).await;
+            }
+            if let Some(warm) = shared.warm.forget(&id) {
+                tracing::warn!(warm = %warm.name, "a warm sandbox ended while it waited; replacing it");
+                shared.remove_warm(&warm).await;
+                shared.note_warm();
+            }
+        });
+        self.warm.watch(&handle, task.abort_handle());
+    }
+
+    /// The warm sandboxes this worker id left: those of the current image
+    /// fill the pool again, the others are removed. Another supervisor's
+    /// are never touched.
+    async fn reconcile_warm(self: &Arc<Self>) {
+        let owner = &self.config.worker_id;
+        let found = tokio::time::timeout(
+            self.config.request_bound,
+            self.launcher.existing_warm(owner),
+        )
+        .await;
+        let found = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(err)) => {
+                tracing::error!(error = %err, "could not list the warm sandboxes of an earlier run");
+                return;
+            }
+            Err(_) => {
+                tracing::error!("listing the warm sandboxes of an earlier run timed out");
+                return;
+            }
+        };
+        if found.is_empty() {
+            return;
+        }
+        let image =
+            match tokio::time::timeout(self.config.request_bound, self.launcher.warm_image()).await
+            {
+                Ok(Ok(image)) => image,
+                _ => None,
+            };
+        for warm in found {
+            if image.as_deref() != Some(warm.image.as_str()) {
+                tracing::info!(warm = %warm.name, "removing a warm sandbox of an earlier run (another image)");
+                self.remove_warm(&warm).await;
+                continue;
+            }
+            let handle = warm.handle.clone();
+            match self.warm.admit(warm) {
+                Ok(()) => {
+                    tracing::info!(warm = %handle, "adopted a warm sandbox of an earlier run");
+                    self.watch_warm(handle);
+                }
+                Err(warm) => {
+                    tracing::info!(warm = %warm.name, "removing a warm sandbox of an earlier run (the pool is full)");
+                    self.remove_warm(&warm).await;
+                }
+            }
+        }
+        self.note_warm();
+    }
+
+    /// Keeps the pool at its size: replaces what was taken or died,
+    /// recycles the warm sandboxes of an image that changed, and retries
+    /// (backing off) what it failed to make.
+    async fn keep_warm(self: Arc<Self>) {
+        if self.warm.target() == 0 {
+            return;
+        }
+        let mut image: Option<String> = None;
+        let mut backoff = Backoff::new(&self.config);
+        loop {
+            let now =
+                tokio::time::timeout(self.config.request_bound, self.launcher.warm_image()).await;
+            match now {
+                Ok(Ok(Some(now))) => {
+                    if image.as_deref() != Some(now.as_str()) {
+                        for old in self.warm.drain(|w| w.image == now) {
+                            tracing::info!(warm = %old.name, "the pool's image changed; recycling a warm sandbox of the old one");
+                            self.remove_warm(&old).await;
+                        }
+                        image = Some(now);
+                    }
+                }
+                Ok(Ok(None)) => {
+                    tracing::warn!(
+                        launcher = self.launcher.kind(),
+                        "this launcher makes no warm sandboxes; every item starts cold"
+                    );
+                    return;
+                }
+                Ok(Err(err)) => tracing::warn!(error = %err, "could not read the pool's image"),
+                Err(_) => tracing::warn!("reading the pool's image timed out"),
+            }
+            let mut failed = image.is_none();
+            let missing = if failed { 0 } else { self.warm.start_making() };
+            let owner = self.config.worker_id.clone();
+            let made = futures::future::join_all((0..missing).map(|_| {
+                tokio::time::timeout(self.config.request_bound, self.launcher.create_warm(&owner))
+            }))
+            .await;
+            for result in made {
+                self.warm.made();
+                match result {
+                    Ok(Ok(warm)) if image.as_deref() != Some(warm.image.as_str()) => {
+                        self.remove_warm(&warm).await;
+                    }
+                    Ok(Ok(warm)) => {
+                        let handle = warm.handle.clone();
+                        match self.warm.admit(warm) {
+                            Ok(()) => self.watch_warm(handle),
+                            Err(warm) => self.remove_warm(&warm).await,
+                        }
+                    }
+                    Ok(Err(err)) => {
+                        failed = true;
+                        self.metrics
+                            .note_error(format!("making a warm sandbox: {err}"));
+                        tracing::warn!(error = %err, "could not make a warm sandbox");
+                    }
+                    Err(_) => {
+                        // One made late is listed at this owner's next start.
+                        failed = true;
+                        tracing::warn!("making a warm sandbox timed out");
+                    }
+                }
+            }
+            self.note_warm();
+            if failed {
+                tokio::time::sleep(backoff.next()).await;
+                continue;
+            }
+            backoff.reset();
+            tokio::select! {
+                _ = self.warm.wake.notified() => {}
+                _ = tokio::time::sleep(self.config.warm_check_every) => {}
+            }
+        }
+    }
+
+    /// On drain: every warm sandbox of this owner goes, the pool's and any
+    /// whose making was cut short.
+    async fn clear_warm(&self) {
+        if self.warm.target() == 0 {
+            return;
+        }
+        for warm in self.warm.drain(|_| false) {
+            self.remove_warm(&warm).await;
+        }
+        self.note_warm();
+        if let Ok(Ok(left)) = tokio::time::timeout(
+            self.config.request_bound,
+            self.launcher.existing_warm(&self.config.worker_id),
+        )
+        .await
+        {
+            for warm in left {
+                self.remove_warm(&warm).await;
+            }
+        }
+    }
+
     /// How long a hand-off may take: the launcher's start bound, and for a
     /// healthcheck no longer than what is left of its attempt.
     fn hand_off_bound(&self, item: &ItemIdentity, stamps: &Stamps) -> Duration {
         let bound = self.config.hand_off_bound;
-        match (item.work_type, stamps.get(Stage::Created)) {
+        let made = stamps.get(Stage::Created).or(stamps.get(Stage::Bound));
+        match (item.work_type, made) {
             (WorkType::Healthcheck, Some(created)) => bound.min(
                 (created + self.config.healthcheck_attempt)
                     .saturating_duration_since(Instant::now()),
@@ -525,7 +838,10 @@ impl<L: Launcher> Shared<L> {
         let work_id = &sandbox.item.work_id;
         let attempt_ends = match sandbox.item.work_type {
             WorkType::Healthcheck => {
-                let from = stamps.get(Stage::Created).unwrap_or_else(Instant::now);
+                let from = stamps
+                    .get(Stage::Created)
+                    .or(stamps.get(Stage::Bound))
+                    .unwrap_or_else(Instant::now);
                 Some(tokio::time::Instant::from_std(
                     from + self.config.healthcheck_attempt,
                 ))
@@ -860,6 +1176,23 @@ impl<L: Launcher> Shared<L> {
             }
         }
     }
+}
+
+/// The envelope line of `item`, carrying its secret: zeroed when dropped,
+/// as the secret is.
+fn envelope_of(item: &ItemIdentity, secret: Secret) -> Secret {
+    let mut envelope = Envelope {
+        work_id: item.work_id.clone(),
+        environment_id: item.environment_id.clone(),
+        work_type: item.work_type,
+        session_id: item.session_id.clone(),
+        claim: item.claim,
+        secret: secret.expose().to_string(),
+    };
+    drop(secret);
+    let line = Secret::new(envelope.to_line());
+    zeroize::Zeroize::zeroize(&mut envelope.secret);
+    line
 }
 
 /// What a sandbox's exit status says, for its log line.

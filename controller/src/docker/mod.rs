@@ -14,26 +14,40 @@
 //!   `host.docker.internal` resolving to its gateway, where the api is
 //!   reached, and nothing else is;
 //! * stdin attached before start, the secret written, stdin closed.
+//!
+//! Warm containers (`--warm N`, spec §7.1) are the same container started
+//! ahead, identity-less (`mango-runner --wait`, stdin kept open), with a
+//! fresh volume `mango-warm-<random>` at `/workspace`, bounded as a
+//! Session's is ([`workspace`]). Binding renames the
+//! container to the item's name and writes two records, because Docker
+//! cannot relabel a container or a volume:
+//! * `mango-bound-<container id, 12>`, a volume labelled with the item (as a
+//!   cold container is), so a restarted supervisor adopts it and no one
+//!   binds it again; removed with the container;
+//! * for Session Work, `mango-session-<id>` itself, labelled
+//!   `mango.dev/workspace-volume=mango-warm-…`: the Session's workspace from
+//!   then on, found by every later activation and removed with the Session.
 
 use crate::core::launcher::{
-    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
 };
 use crate::core::naming;
 use crate::core::secret::Secret;
 use bollard::errors::Error as DockerError;
 use bollard::models::{
     ContainerCreateBody, ContainerSummaryStateEnum, HostConfig, HostConfigLogConfig, Mount,
-    MountTypeEnum, NetworkCreateRequest, VolumeCreateOptions,
+    MountTypeEnum, NetworkCreateRequest, Volume, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, InspectNetworkOptions, KillContainerOptions,
     ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, StartContainerOptions, WaitContainerOptions,
+    RemoveVolumeOptions, RenameContainerOptions, StartContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
@@ -47,6 +61,14 @@ const ENGINE: &str = "Docker engine";
 pub const SANDBOX_USER: &str = "65534:65534";
 const WORKSPACE: &str = "/workspace";
 const MEMORY_ROOT: &str = mango_protocol::memory::DEFAULT_MOUNT_ROOT;
+/// The runner in the sandbox image (its `CMD`).
+const RUNNER: &str = "/usr/local/bin/mango-runner";
+/// The prefix of a warm container's first name and of its workspace volume.
+const WARM_PREFIX: &str = "mango-warm-";
+/// On a binding record: the volume that is the workspace.
+const LABEL_WORKSPACE_VOLUME: &str = "mango.dev/workspace-volume";
+/// On a binding record of a bound warm container: that container's id.
+const LABEL_CONTAINER: &str = "mango.dev/container";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DockerArgs {
@@ -215,6 +237,31 @@ pub fn session_volume(session_id: &str) -> String {
         })
         .collect();
     format!("mango-session-{id}")
+}
+
+/// A volume mounted as the workspace.
+fn volume_mount(source: String) -> Mount {
+    Mount {
+        target: Some(WORKSPACE.into()),
+        source: Some(source),
+        typ: Some(MountTypeEnum::VOLUME),
+        ..Default::default()
+    }
+}
+
+/// The binding record of the bound warm container `handle`.
+fn record_name(handle: &str) -> String {
+    format!("mango-bound-{}", &handle[..handle.len().min(12)])
+}
+
+/// The workspace a Session's volume stands for: the warm volume it binds,
+/// or itself.
+fn workspace_of(session: &Volume) -> String {
+    session
+        .labels
+        .get(LABEL_WORKSPACE_VOLUME)
+        .cloned()
+        .unwrap_or_else(|| session.name.clone())
 }
 
 /// A sandbox network as the launcher uses it.
@@ -465,44 +512,59 @@ impl DockerLauncher {
         self
     }
 
-    /// The workspace mount: the Session's named volume, made if missing (an
-    /// existing one is kept as it is). A bounded one is a bind of the
-    /// Session's filesystem, mounted first.
+    /// The workspace mount of a Session: its own named volume, made if
+    /// missing (an existing one is kept as it is), or, when its first
+    /// activation went warm, the warm volume its binding names.
     async fn session_mount(
         &self,
         session_id: &str,
         environment_id: &str,
     ) -> Result<Mount, LaunchError> {
         let name = session_volume(session_id);
-        let mut driver_opts = None;
-        if let Some(workspaces) = &self.workspaces {
-            let at = workspaces
-                .ensure(&name)
-                .await
-                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}")))?;
-            driver_opts = Some(HashMap::from([
+        if let Some(binding) = self.volume(&name).await? {
+            let workspace = workspace_of(&binding);
+            if workspace != name {
+                // Mounted again after a host reboot, as the Session's own would be.
+                self.ensure_bounded(&workspace).await?;
+                return Ok(volume_mount(workspace));
+            }
+        }
+        let labels = HashMap::from([
+            (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
+            (
+                naming::LABEL_ENVIRONMENT_ID.to_string(),
+                environment_id.to_string(),
+            ),
+            (
+                naming::LABEL_MANAGED_BY.to_string(),
+                naming::MANAGED_BY.to_string(),
+            ),
+        ]);
+        self.workspace_volume(&name, labels).await?;
+        Ok(volume_mount(name))
+    }
+
+    /// The workspace volume `name` (a Session's, or a warm container's),
+    /// made if missing; an existing one is kept as it is. A bounded one is
+    /// a bind of its own filesystem, mounted first.
+    async fn workspace_volume(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Volume, LaunchError> {
+        let driver_opts = self.ensure_bounded(name).await?.map(|at| {
+            HashMap::from([
                 ("type".to_string(), "none".to_string()),
                 ("o".to_string(), "bind".to_string()),
                 ("device".to_string(), at.to_string_lossy().into_owned()),
-            ]));
-            self.warn_if_unbounded(&name, &at).await;
-        }
+            ])
+        });
         self.docker
             .create_volume(VolumeCreateOptions {
-                name: Some(name.clone()),
+                name: Some(name.to_string()),
                 driver: Some(self.args.volume_driver.clone()),
                 driver_opts,
-                labels: Some(HashMap::from([
-                    (naming::LABEL_SESSION_ID.to_string(), session_id.to_string()),
-                    (
-                        naming::LABEL_ENVIRONMENT_ID.to_string(),
-                        environment_id.to_string(),
-                    ),
-                    (
-                        naming::LABEL_MANAGED_BY.to_string(),
-                        naming::MANAGED_BY.to_string(),
-                    ),
-                ])),
+                labels: Some(labels),
                 ..Default::default()
             })
             .await
@@ -511,13 +573,21 @@ impl DockerLauncher {
                     LaunchError::Workspace(format!("volume {name}: {message}"))
                 }
                 other => launch_error(other),
-            })?;
-        Ok(Mount {
-            target: Some(WORKSPACE.into()),
-            source: Some(name),
-            typ: Some(MountTypeEnum::VOLUME),
-            ..Default::default()
-        })
+            })
+    }
+
+    /// The bounded filesystem of the workspace volume `name`, formatted
+    /// once and mounted if it is not: its mount point, `None` unbounded.
+    async fn ensure_bounded(&self, name: &str) -> Result<Option<PathBuf>, LaunchError> {
+        let Some(workspaces) = &self.workspaces else {
+            return Ok(None);
+        };
+        let at = workspaces
+            .ensure(name)
+            .await
+            .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}")))?;
+        self.warn_if_unbounded(name, &at).await;
+        Ok(Some(at))
     }
 
     /// A volume made before workspaces were bounded keeps its files and
@@ -528,6 +598,170 @@ impl DockerLauncher {
             if device != Some(bound.to_string_lossy().as_ref()) {
                 tracing::warn!(volume = name, "this workspace volume predates the size bound and stays unbounded until the Session's volume is removed");
             }
+        }
+    }
+
+    /// A workspace volume and (bounded) its filesystem: unmounted and deleted.
+    async fn remove_workspace_volume(&self, name: &str) -> Result<(), LaunchError> {
+        self.remove_volume(name).await?;
+        match &self.workspaces {
+            Some(workspaces) => workspaces
+                .remove(name)
+                .await
+                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// The volume `name`, `None` when it does not exist.
+    async fn volume(&self, name: &str) -> Result<Option<Volume>, LaunchError> {
+        match self.docker.inspect_volume(name).await {
+            Ok(volume) => Ok(Some(volume)),
+            Err(err) if status_of(&err) == Some(404) => Ok(None),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), LaunchError> {
+        match self
+            .docker
+            .remove_volume(name, None::<RemoveVolumeOptions>)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    async fn make_volume(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<Volume, LaunchError> {
+        self.docker
+            .create_volume(VolumeCreateOptions {
+                name: Some(name.to_string()),
+                driver: Some(self.args.volume_driver.clone()),
+                labels: Some(labels),
+                ..Default::default()
+            })
+            .await
+            .map_err(|err| match err {
+                DockerError::DockerResponseServerError { message, .. } => {
+                    LaunchError::Workspace(format!("volume {name}: {message}"))
+                }
+                other => launch_error(other),
+            })
+    }
+
+    /// The binding records of bound warm containers, by container id.
+    async fn bound_records(&self) -> Result<HashMap<String, Volume>, LaunchError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+                format!("{}={}", naming::LABEL_POOL, self.pool),
+                LABEL_CONTAINER.to_string(),
+            ],
+        )]);
+        let listed = self
+            .docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(launch_error)?;
+        Ok(listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| Some((v.labels.get(LABEL_CONTAINER)?.clone(), v)))
+            .collect())
+    }
+
+    async fn image_id(&self) -> Result<String, LaunchError> {
+        match self.docker.inspect_image(&self.args.image).await {
+            Ok(image) => image
+                .id
+                .ok_or_else(|| LaunchError::Failed("the engine named no image id".into())),
+            Err(err) if status_of(&err) == Some(404) => Err(LaunchError::Missing(format!(
+                "the sandbox image {} does not exist: build it with scripts/sandbox-image.sh",
+                self.args.image
+            ))),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    /// A warm container: the hardened container of [`Self::container`],
+    /// with no identity, its runner waiting for an envelope on a stdin
+    /// that stays open, and a fresh workspace volume.
+    fn warm_container(&self, image: &str, volume: &str, owner: &str) -> ContainerCreateBody {
+        let spec = SandboxSpec {
+            name: volume.to_string(),
+            item: crate::core::launcher::ItemIdentity {
+                work_id: String::new(),
+                claim: 0,
+                environment_id: String::new(),
+                work_type: mango_protocol::WorkType::Session,
+                session_id: None,
+            },
+            labels: [
+                (naming::LABEL_POOL, self.pool.as_str()),
+                (naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+                (naming::LABEL_WARM_OWNER, owner),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            env: vec![(
+                "MANGO_BASE_URL".to_string(),
+                self.args.sandbox_base_url.clone(),
+            )],
+        };
+        let mut body = self.container(&spec, Some(volume_mount(volume.to_string())));
+        body.image = Some(image.to_string());
+        body.cmd = Some(vec![RUNNER.to_string(), "--wait".to_string()]);
+        body.stdin_once = Some(false);
+        body
+    }
+
+    async fn wait_handle(&self, handle: &str) -> Result<SandboxExit, LaunchError> {
+        let mut waits = self.docker.wait_container(
+            handle,
+            Some(WaitContainerOptions {
+                condition: "not-running".into(),
+            }),
+        );
+        match waits.next().await {
+            Some(Ok(answer)) => Ok(SandboxExit::Exited(answer.status_code)),
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => {
+                Ok(SandboxExit::Exited(code))
+            }
+            Some(Err(err)) if status_of(&err) == Some(404) => Ok(SandboxExit::Gone),
+            Some(Err(err)) => Err(launch_error(err)),
+            None => Ok(SandboxExit::Gone),
+        }
+    }
+
+    async fn remove_container(&self, handle: &str) -> Result<(), LaunchError> {
+        let removed = self
+            .docker
+            .remove_container(
+                handle,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: false,
+                    link: false,
+                }),
+            )
+            .await;
+        match removed {
+            Ok(()) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            // 409: a removal already in progress; it will finish.
+            Err(err) if status_of(&err) == Some(409) => Ok(()),
+            Err(err) => Err(launch_error(err)),
         }
     }
 
@@ -625,11 +859,16 @@ impl Launcher for DockerLauncher {
             }))
             .await
             .map_err(launch_error)?;
+        let records = self.bound_records().await?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
                 let labels = c.labels.unwrap_or_default().into_iter().collect();
-                let item = naming::item_of(&labels)?;
+                let recorded = || {
+                    let record = records.get(c.id.as_deref()?)?;
+                    naming::item_of(&record.labels.clone().into_iter().collect())
+                };
+                let item = naming::item_of(&labels).or_else(recorded)?;
                 let name = c
                     .names
                     .and_then(|n| n.into_iter().next())
@@ -724,21 +963,7 @@ impl Launcher for DockerLauncher {
     }
 
     async fn wait(&self, sandbox: &Sandbox) -> Result<SandboxExit, LaunchError> {
-        let mut waits = self.docker.wait_container(
-            &sandbox.handle,
-            Some(WaitContainerOptions {
-                condition: "not-running".into(),
-            }),
-        );
-        match waits.next().await {
-            Some(Ok(answer)) => Ok(SandboxExit::Exited(answer.status_code)),
-            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => {
-                Ok(SandboxExit::Exited(code))
-            }
-            Some(Err(err)) if status_of(&err) == Some(404) => Ok(SandboxExit::Gone),
-            Some(Err(err)) => Err(launch_error(err)),
-            None => Ok(SandboxExit::Gone),
-        }
+        self.wait_handle(&sandbox.handle).await
     }
 
     /// SIGTERM to the container: the runner's PID 1 passes it to the runner.
@@ -760,25 +985,20 @@ impl Launcher for DockerLauncher {
         }
     }
 
+    /// The container, then, for one that was warm, its binding record and
+    /// (a healthcheck's) its workspace; a Session's stays the Session's.
     async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {
-        let removed = self
-            .docker
-            .remove_container(
-                &sandbox.handle,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    v: false,
-                    link: false,
-                }),
-            )
-            .await;
-        match removed {
-            Ok(()) => Ok(()),
-            Err(err) if status_of(&err) == Some(404) => Ok(()),
-            // 409: a removal already in progress; it will finish.
-            Err(err) if status_of(&err) == Some(409) => Ok(()),
-            Err(err) => Err(launch_error(err)),
+        self.remove_container(&sandbox.handle).await?;
+        let record = record_name(&sandbox.handle);
+        let Some(found) = self.volume(&record).await? else {
+            return Ok(());
+        };
+        if sandbox.item.session_id.is_none() {
+            if let Some(workspace) = found.labels.get(LABEL_WORKSPACE_VOLUME) {
+                self.remove_workspace_volume(workspace).await?;
+            }
         }
+        self.remove_volume(&record).await
     }
 
     async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
@@ -804,24 +1024,235 @@ impl Launcher for DockerLauncher {
             .collect())
     }
 
-    /// The volume, then (bounded) its filesystem: unmounted and deleted.
+    /// The workspace first, then the binding that names it, so a removal
+    /// cut short is found and finished by the next sweep; a bounded one's
+    /// filesystem with its volume.
     async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
         let name = session_volume(session_id);
-        match self
+        let Some(session) = self.volume(&name).await? else {
+            // A filesystem its volume's removal left behind, if any.
+            return self.remove_workspace_volume(&name).await;
+        };
+        let workspace = workspace_of(&session);
+        if workspace != name {
+            self.remove_workspace_volume(&workspace).await?;
+        }
+        self.remove_workspace_volume(&name).await
+    }
+
+    async fn warm_image(&self) -> Result<Option<String>, LaunchError> {
+        self.image_id().await.map(Some)
+    }
+
+    async fn create_warm(&self, owner: &str) -> Result<Warm, LaunchError> {
+        use rand::Rng;
+        let image = self.image_id().await?;
+        let name = format!("{WARM_PREFIX}{:016x}", rand::thread_rng().gen::<u64>());
+        let labels = HashMap::from([
+            (naming::LABEL_POOL.to_string(), self.pool.clone()),
+            (
+                naming::LABEL_MANAGED_BY.to_string(),
+                naming::MANAGED_BY.to_string(),
+            ),
+            (naming::LABEL_WARM_OWNER.to_string(), owner.to_string()),
+        ]);
+        // A fresh workspace, bounded as a cold Session's is.
+        self.workspace_volume(&name, labels).await?;
+        let created = self
             .docker
-            .remove_volume(&name, None::<RemoveVolumeOptions>)
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                }),
+                self.warm_container(&image, &name, owner),
+            )
+            .await;
+        let handle = match created {
+            Ok(c) => c.id,
+            Err(err) => {
+                let _ = self.remove_workspace_volume(&name).await;
+                return Err(launch_error(err));
+            }
+        };
+        let warm = Warm {
+            name,
+            handle,
+            image,
+        };
+        if let Err(err) = self
+            .docker
+            .start_container(&warm.handle, None::<StartContainerOptions>)
             .await
         {
-            Ok(()) => {}
-            Err(err) if status_of(&err) == Some(404) => {}
-            Err(err) => return Err(launch_error(err)),
+            let _ = self.remove_warm(&warm).await;
+            return Err(launch_error(err));
         }
-        match &self.workspaces {
-            Some(workspaces) => workspaces
-                .remove(&name)
-                .await
-                .map_err(|why| LaunchError::Workspace(format!("volume {name}: {why}"))),
-            None => Ok(()),
+        Ok(warm)
+    }
+
+    async fn existing_warm(&self, owner: &str) -> Result<Vec<Warm>, LaunchError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{}={}", naming::LABEL_POOL, self.pool),
+                format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+                format!("{}={owner}", naming::LABEL_WARM_OWNER),
+            ],
+        )]);
+        let containers = self
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(launch_error)?;
+        let records = self.bound_records().await?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let handle = c.id?;
+                // Bound (or being bound when its supervisor died): an item's now.
+                if records.contains_key(&handle) {
+                    return None;
+                }
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .map(|n| n.trim_start_matches('/').to_string())?;
+                Some(Warm {
+                    image: c.image_id.unwrap_or_default(),
+                    name,
+                    handle,
+                })
+            })
+            .collect())
+    }
+
+    async fn has_workspace(&self, session_id: &str) -> Result<bool, LaunchError> {
+        Ok(self.volume(&session_volume(session_id)).await?.is_some())
+    }
+
+    /// The record first (from then on no one lists it as warm), then the
+    /// Session's binding, then the name. What fails undoes what this call did.
+    async fn bind(&self, warm: &Warm, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        let record = record_name(&warm.handle);
+        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+        labels.insert(LABEL_CONTAINER.to_string(), warm.handle.clone());
+        labels.insert(LABEL_WORKSPACE_VOLUME.to_string(), warm.name.clone());
+        let made = self.make_volume(&record, labels).await?;
+        if made.labels.get(LABEL_CONTAINER) != Some(&warm.handle)
+            || naming::item_of(&made.labels.clone().into_iter().collect()).as_ref()
+                != Some(&spec.item)
+        {
+            // Another item's record: this container is bound already.
+            return Err(LaunchError::Taken(warm.name.clone()));
         }
+        let undo = |session: Option<String>| async move {
+            if let Some(session) = session {
+                let _ = self.remove_volume(&session).await;
+            }
+            let _ = self.remove_volume(&record).await;
+        };
+        let mut binding = None;
+        if let Some(session_id) = &spec.item.session_id {
+            let name = session_volume(session_id);
+            let labels = HashMap::from([
+                (naming::LABEL_SESSION_ID.to_string(), session_id.clone()),
+                (
+                    naming::LABEL_ENVIRONMENT_ID.to_string(),
+                    spec.item.environment_id.clone(),
+                ),
+                (
+                    naming::LABEL_MANAGED_BY.to_string(),
+                    naming::MANAGED_BY.to_string(),
+                ),
+                (LABEL_WORKSPACE_VOLUME.to_string(), warm.name.clone()),
+            ]);
+            let made = match self.make_volume(&name, labels).await {
+                Ok(made) => made,
+                Err(err) => {
+                    undo(None).await;
+                    return Err(err);
+                }
+            };
+            if made.labels.get(LABEL_WORKSPACE_VOLUME) != Some(&warm.name) {
+                // The Session got a workspace meanwhile: it keeps that one.
+                undo(None).await;
+                return Err(LaunchError::Workspace(format!(
+                    "Session {session_id} has a workspace already"
+                )));
+            }
+            binding = Some(name);
+        }
+        let renamed = self
+            .docker
+            .rename_container(
+                &warm.handle,
+                RenameContainerOptions {
+                    name: spec.name.clone(),
+                },
+            )
+            .await;
+        match renamed {
+            Ok(()) => Ok(Sandbox {
+                name: spec.name.clone(),
+                handle: warm.handle.clone(),
+                item: spec.item.clone(),
+            }),
+            Err(err) => {
+                undo(binding).await;
+                if status_of(&err) == Some(409) {
+                    return Err(LaunchError::AlreadyExists(spec.name.clone()));
+                }
+                Err(launch_error(err))
+            }
+        }
+    }
+
+    async fn deliver(&self, sandbox: &Sandbox, envelope: Secret) -> Result<Instant, LaunchError> {
+        let attached = self
+            .docker
+            .attach_container(
+                &sandbox.handle,
+                Some(AttachContainerOptions {
+                    stdin: true,
+                    stream: true,
+                    stdout: false,
+                    stderr: false,
+                    logs: false,
+                    detach_keys: None,
+                }),
+            )
+            .await
+            .map_err(launch_error)?;
+        let mut input = attached.input;
+        let written = async {
+            input.write_all(envelope.expose().as_bytes()).await?;
+            input.flush().await
+        }
+        .await;
+        drop(envelope);
+        // The container's stdin stays open (not stdin_once): the runner
+        // reads the one line and nothing after it.
+        let _ = input.shutdown().await;
+        drop(input);
+        drop(attached.output);
+        written.map_err(|e| {
+            LaunchError::Failed(format!("writing the envelope to the sandbox: {e}"))
+        })?;
+        Ok(Instant::now())
+    }
+
+    async fn wait_warm(&self, handle: &str) -> Result<SandboxExit, LaunchError> {
+        self.wait_handle(handle).await
+    }
+
+    async fn remove_warm(&self, warm: &Warm) -> Result<(), LaunchError> {
+        self.remove_container(&warm.handle).await?;
+        self.remove_volume(&record_name(&warm.handle)).await?;
+        self.remove_workspace_volume(&warm.name).await
     }
 }

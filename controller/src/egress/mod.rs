@@ -73,7 +73,14 @@ impl Routing {
     /// the proxy's log, not a credential (any tool of the pool can name
     /// any id, and gains nothing by it: the allowlist is the pool's).
     pub fn env(&self, work_id: &str) -> Vec<(String, String)> {
-        let url = format!("http://{work_id}@{}", self.proxy);
+        // A warm sandbox is made before its Work is known, and Docker cannot
+        // change a container's environment later: its requests are logged
+        // with the pool alone.
+        let url = if work_id.is_empty() {
+            format!("http://{}", self.proxy)
+        } else {
+            format!("http://{work_id}@{}", self.proxy)
+        };
         let mut env = Vec::new();
         for name in ["HTTPS_PROXY", "HTTP_PROXY"] {
             env.push((name.to_string(), url.clone()));
@@ -170,6 +177,27 @@ pub fn url_host(url: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cold_sandbox_names_its_work_and_a_warm_one_names_none() {
+        let routing = Routing {
+            proxy: "host.docker.internal:3128".into(),
+            no_proxy: "host.docker.internal".into(),
+        };
+        let value = |env: Vec<(String, String)>, name: &str| {
+            env.into_iter().find(|(k, _)| k == name).unwrap().1
+        };
+        assert_eq!(
+            value(routing.env("work_abc"), "HTTPS_PROXY"),
+            "http://work_abc@host.docker.internal:3128"
+        );
+        assert_eq!(
+            value(routing.env(""), "https_proxy"),
+            "http://host.docker.internal:3128",
+            "no empty user in a warm sandbox's URL"
+        );
+        assert_eq!(value(routing.env(""), "NO_PROXY"), "host.docker.internal");
+    }
 
     #[test]
     fn the_api_host_is_read_from_its_url() {

@@ -15,3 +15,4 @@ mod session;
 mod skills;
 mod support;
 mod tools;
+mod wait;
