@@ -726,6 +726,28 @@ impl DockerLauncher {
         body
     }
 
+    /// The sandbox's stdin, and nothing else of it: where its secret, or a
+    /// warm sandbox's envelope, is written.
+    async fn attach_stdin(
+        &self,
+        handle: &str,
+    ) -> Result<bollard::container::AttachContainerResults, LaunchError> {
+        self.docker
+            .attach_container(
+                handle,
+                Some(AttachContainerOptions {
+                    stdin: true,
+                    stream: true,
+                    stdout: false,
+                    stderr: false,
+                    logs: false,
+                    detach_keys: None,
+                }),
+            )
+            .await
+            .map_err(launch_error)
+    }
+
     async fn wait_handle(&self, handle: &str) -> Result<SandboxExit, LaunchError> {
         let mut waits = self.docker.wait_container(
             handle,
@@ -922,21 +944,7 @@ impl Launcher for DockerLauncher {
 
     async fn hand_off(&self, sandbox: &Sandbox, secret: Secret) -> Result<HandOff, LaunchError> {
         // Attached before start, so the runner's first read gets the secret.
-        let attached = self
-            .docker
-            .attach_container(
-                &sandbox.handle,
-                Some(AttachContainerOptions {
-                    stdin: true,
-                    stream: true,
-                    stdout: false,
-                    stderr: false,
-                    logs: false,
-                    detach_keys: None,
-                }),
-            )
-            .await
-            .map_err(launch_error)?;
+        let attached = self.attach_stdin(&sandbox.handle).await?;
         let mut input = attached.input;
         self.docker
             .start_container(&sandbox.handle, None::<StartContainerOptions>)
@@ -1213,21 +1221,7 @@ impl Launcher for DockerLauncher {
     }
 
     async fn deliver(&self, sandbox: &Sandbox, envelope: Secret) -> Result<Instant, LaunchError> {
-        let attached = self
-            .docker
-            .attach_container(
-                &sandbox.handle,
-                Some(AttachContainerOptions {
-                    stdin: true,
-                    stream: true,
-                    stdout: false,
-                    stderr: false,
-                    logs: false,
-                    detach_keys: None,
-                }),
-            )
-            .await
-            .map_err(launch_error)?;
+        let attached = self.attach_stdin(&sandbox.handle).await?;
         let mut input = attached.input;
         let written = async {
             input.write_all(envelope.expose().as_bytes()).await?;
