@@ -57,3 +57,19 @@ fn sent_event_seeds_hold_valid_and_near_valid_events() {
         assert!(!parses(near), "{near} was accepted");
     }
 }
+
+#[test]
+fn envelope_seeds_parse_without_panic() {
+    replay("envelope", mango_protocol::fuzzing::envelope);
+}
+
+/// The seeds reach both sides: the good lines parse, the bad ones are refused.
+#[test]
+fn envelope_seeds_hold_good_and_bad_lines() {
+    use mango_protocol::envelope::Envelope;
+    for (path, bytes) in corpus("envelope") {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let good = matches!(name.as_str(), "session" | "healthcheck");
+        assert_eq!(Envelope::parse_line(&bytes).is_ok(), good, "{name}");
+    }
+}
