@@ -159,7 +159,7 @@ async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does
             .create_healthcheck(&api.env_id)
             .await
             .unwrap();
-        crate::support::until("Hardened decided", Duration::from_secs(40), async || {
+        crate::support::until("Hardened decided", Duration::from_secs(120), async || {
             condition(&fake, "builders", "Hardened").is_some_and(|c| c["status"] != "Unknown")
         })
         .await;
