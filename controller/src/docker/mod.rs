@@ -726,6 +726,26 @@ impl DockerLauncher {
         body
     }
 
+    /// This pool's containers, running or not, with one more label when given.
+    async fn pool_containers(
+        &self,
+        label: Option<String>,
+    ) -> Result<Vec<bollard::models::ContainerSummary>, LaunchError> {
+        let mut labels = vec![
+            format!("{}={}", naming::LABEL_POOL, self.pool),
+            format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+        ];
+        labels.extend(label);
+        self.docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(HashMap::from([("label".to_string(), labels)])),
+                ..Default::default()
+            }))
+            .await
+            .map_err(launch_error)
+    }
+
     /// The sandbox's stdin, and nothing else of it: where its secret, or a
     /// warm sandbox's envelope, is written.
     async fn attach_stdin(
@@ -865,22 +885,7 @@ impl Launcher for DockerLauncher {
     }
 
     async fn existing(&self) -> Result<Vec<Found>, LaunchError> {
-        let filters = HashMap::from([(
-            "label".to_string(),
-            vec![
-                format!("{}={}", naming::LABEL_POOL, self.pool),
-                format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
-            ],
-        )]);
-        let containers = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-            .map_err(launch_error)?;
+        let containers = self.pool_containers(None).await?;
         let records = self.bound_records().await?;
         Ok(containers
             .into_iter()
@@ -1100,23 +1105,9 @@ impl Launcher for DockerLauncher {
     }
 
     async fn existing_warm(&self, owner: &str) -> Result<Vec<Warm>, LaunchError> {
-        let filters = HashMap::from([(
-            "label".to_string(),
-            vec![
-                format!("{}={}", naming::LABEL_POOL, self.pool),
-                format!("{}={}", naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
-                format!("{}={owner}", naming::LABEL_WARM_OWNER),
-            ],
-        )]);
         let containers = self
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-            .map_err(launch_error)?;
+            .pool_containers(Some(format!("{}={owner}", naming::LABEL_WARM_OWNER)))
+            .await?;
         let records = self.bound_records().await?;
         Ok(containers
             .into_iter()
