@@ -298,9 +298,15 @@ async fn read_key(ctx: &Context, pool: &WorkerPool) -> Result<Secret, Problem> {
                 reference.name
             )))
         }
-        Err(err) => {
+        Err(kube::Error::Api(status)) if matches!(status.code, 401 | 403) => {
             return Err(Problem::SecretMissing(format!(
-                "Secret {} cannot be read: {err}",
+                "Secret {} cannot be read: {}",
+                reference.name, status.message
+            )))
+        }
+        Err(err) => {
+            return Err(Problem::SecretUnreadable(format!(
+                "Secret {} cannot be read now: {err}",
                 reference.name
             )))
         }
@@ -467,6 +473,15 @@ pub async fn reconcile(pool: Arc<WorkerPool>, ctx: Arc<Context>) -> Result<Actio
             if !fits {
                 start(&ctx, &pool, fit, key, api);
             }
+            None
+        }
+        // An overloaded or restarting API server fails a read now and then;
+        // a supervisor already running on the key keeps it, as stopping
+        // would only flap the pool and forget what it observed.
+        Err(Problem::SecretUnreadable(why))
+            if ctx.runs.lock().expect("runs lock").contains_key(&name) =>
+        {
+            tracing::warn!(pool = %name, error = %why, "could not read the pool's Secret; its supervisor keeps the key it has");
             None
         }
         Err(problem) => {

@@ -20,6 +20,9 @@ pub enum Problem {
     InvalidSpec(String),
     /// The Secret, or its key, is missing.
     SecretMissing(String),
+    /// The Secret could not be read now (the API shed the request, failed
+    /// inside, or could not be reached): a retry may succeed.
+    SecretUnreadable(String),
     /// The Secret holds a Workspace key, which must never reach a pool.
     WorkspaceKey,
     /// The Secret holds something that is not an Environment key.
@@ -39,6 +42,7 @@ impl Problem {
         match self {
             Problem::InvalidSpec(_) => "InvalidSpec",
             Problem::SecretMissing(_) => "SecretMissing",
+            Problem::SecretUnreadable(_) => "SecretUnreadable",
             Problem::WorkspaceKey => "WorkspaceKey",
             Problem::NotAnEnvironmentKey => "NotAnEnvironmentKey",
             Problem::KeyRefused(_) => "KeyRefused",
@@ -52,6 +56,7 @@ impl Problem {
         match self {
             Problem::InvalidSpec(m)
             | Problem::SecretMissing(m)
+            | Problem::SecretUnreadable(m)
             | Problem::CrdOutdated(m)
             | Problem::CrdUnreadable(m) => m.clone(),
             Problem::WorkspaceKey => "the Secret holds a Workspace key (mango_wsk_…); a pool takes an Environment key: `mango api-key create -workspace W -environment E -label L`".into(),

@@ -7,10 +7,11 @@
 
 use crate::k8s_strict::{self, NS};
 use crate::k8s_strict_operator::{condition, settings};
+use http::Method;
 use kube::CustomResourceExt;
 use mango_controller::kubernetes::crd::{WorkerPool, SCHEMA_ANNOTATION};
 use mango_controller::kubernetes::operator::{self, Context};
-use mango_testkit::apiserver::{ApiServer, Options};
+use mango_testkit::apiserver::{ApiServer, Options, Overload};
 use mango_testkit::TestApp;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -120,6 +121,11 @@ async fn a_crd_older_than_the_controllers_stops_the_pool(db: sqlx::PgPool) {
 /// strict fake drops `hostUsers: false` from the stored Pod as such an
 /// apiserver does, and the pool says so (`Hardened=False`, an Event about
 /// that Pod) while it still launches; with the gate on, it is kept.
+///
+/// Each case has an Environment of its own: the first case's detached
+/// supervisor keeps its Poll in flight until the api answers it, and on a
+/// shared Environment that Poll could take the second case's healthcheck
+/// into the first case's cluster, so the second pool would never see a Pod.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does_not(
     db: sqlx::PgPool,
@@ -132,6 +138,8 @@ async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does
             ("True", "AsRequested"),
         ),
     ] {
+        let env_id = api.create_environment(&format!("gates {gates:?}")).await;
+        let (_, env_key) = api.environment_key(&env_id).await;
         let fake = k8s_strict::fake_with(Options {
             feature_gates: gates.clone(),
             ..Options::default()
@@ -139,12 +147,12 @@ async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does
         .await;
         fake.create(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "pool-key", "namespace": NS},
-            "stringData": {"environment-key": api.env_key}}))
+            "stringData": {"environment-key": env_key}}))
             .unwrap();
         fake.create(
             json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
             "metadata": {"name": "builders", "namespace": NS},
-            "spec": {"environmentId": api.env_id, "environmentKeySecret": {"name": "pool-key"},
+            "spec": {"environmentId": env_id, "environmentKeySecret": {"name": "pool-key"},
                      "startTimeoutSeconds": 5, "pod": {"hostUsers": false}}}),
         )
         .unwrap();
@@ -155,14 +163,21 @@ async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does
             condition(&fake, "builders", "Ready").is_some_and(|c| c["status"] == "True")
         })
         .await;
-        let check = mango_client::Client::new(&api.base, &api.ws_key)
-            .create_healthcheck(&api.env_id)
-            .await
-            .unwrap();
-        crate::support::until("Hardened decided", Duration::from_secs(120), async || {
-            condition(&fake, "builders", "Hardened").is_some_and(|c| c["status"] != "Unknown")
-        })
-        .await;
+        let workspace = mango_client::Client::new(&api.base, &api.ws_key);
+        let check = workspace.create_healthcheck(&env_id).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while condition(&fake, "builders", "Hardened").is_none_or(|c| c["status"] == "Unknown") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gates {gates:?}: Hardened undecided; the pool: {}; Pod requests: {:?}",
+                fake.object("workerpools", NS, "builders").unwrap()["status"],
+                fake.requests()
+                    .iter()
+                    .filter(|(m, u)| *m != Method::GET && u.contains("/pods"))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let hardened = condition(&fake, "builders", "Hardened").unwrap();
         assert_eq!(
             (hardened["status"].as_str(), hardened["reason"].as_str()),
@@ -193,6 +208,58 @@ async fn hardening_the_apiserver_drops_shows_on_the_pool_and_kept_hardening_does
         }
         stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
-        api.stop_work(&check.id, true).await;
+        workspace.stop(&env_id, &check.id, true).await.unwrap();
     }
+}
+
+/// An API server sheds or fails a read now and then (429 from API
+/// Priority and Fairness, a 500 when etcd is slow). A pool that cannot
+/// read its Secret at its first start says so (`SecretUnreadable`) and
+/// starts once a read succeeds; one that runs keeps running on the key it
+/// has, Ready all along, rather than stopping its supervisor at each
+/// failed read.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_secret_read_the_apiserver_fails_now_and_then_keeps_a_running_pool(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let fake = k8s_strict::fake_with(Options::default()).await;
+    fake.fail_next(Method::GET, "/secrets/pool-key", Overload::EtcdTimeout, 1);
+    k8s_strict::make_pool(&fake, &api, "builders", &api.env_key);
+    let secret_reads = || {
+        fake.requests()
+            .iter()
+            .filter(|(m, u)| *m == Method::GET && u.contains("/secrets/pool-key"))
+            .count()
+    };
+    let ctx = Context::new(k8s_strict::client(&fake).await, settings(&api, "replica-0"));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(operator::run(ctx.clone(), stop.clone()));
+    crate::support::until("SecretUnreadable", Duration::from_secs(30), async || {
+        condition(&fake, "builders", "Ready").is_some_and(|c| c["reason"] == "SecretUnreadable")
+    })
+    .await;
+    crate::support::until("the pool Ready", Duration::from_secs(60), async || {
+        condition(&fake, "builders", "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    let ready_since = condition(&fake, "builders", "Ready").unwrap()["lastTransitionTime"].clone();
+    let before = secret_reads();
+    fake.fail_next(Method::GET, "/secrets/pool-key", Overload::EtcdTimeout, 1);
+    fake.fail_next(Method::GET, "/secrets/pool-key", Overload::Throttled, 1);
+    crate::support::until(
+        "two failed reads and a good one",
+        Duration::from_secs(90),
+        async || {
+            let ready = condition(&fake, "builders", "Ready").unwrap();
+            assert_eq!(ready["status"], "True", "Ready all along: {ready}");
+            secret_reads() >= before + 3
+        },
+    )
+    .await;
+    let ready = condition(&fake, "builders", "Ready").unwrap();
+    assert_eq!(
+        ready["lastTransitionTime"], ready_since,
+        "the pool never left Ready: {ready}"
+    );
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
 }

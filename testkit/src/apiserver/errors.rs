@@ -288,6 +288,16 @@ impl ApiError {
         .with_details(json!({"causes": [{"message": message}]}))
     }
 
+    /// API Priority and Fairness shedding a request (`Retry-After: 1`).
+    pub fn too_many_requests() -> ApiError {
+        ApiError::new(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.".into(),
+        )
+        .with_details(json!({"retryAfterSeconds": 1}))
+    }
+
     /// The `Status` body.
     pub fn status(&self) -> Value {
         let mut status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
@@ -318,10 +328,20 @@ fn details(group: &str, plural: &str, name: &str) -> Value {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let retry_after = self
+            .details
+            .as_ref()
+            .and_then(|d| d["retryAfterSeconds"].as_u64());
+        let mut response = (
             StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             axum::Json(self.status()),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }

@@ -38,8 +38,15 @@ async fn record(
     next: axum::middleware::Next,
 ) -> Response {
     let line = (request.method().clone(), request.uri().to_string());
-    shared.lock().requests.push(line);
-    next.run(request).await
+    let outage = {
+        let mut state = shared.lock();
+        state.requests.push(line);
+        state.outage_for(request.method(), request.uri().path())
+    };
+    match outage {
+        Some(how) => how.error().into_response(),
+        None => next.run(request).await,
+    }
 }
 
 /// Where a path leads.

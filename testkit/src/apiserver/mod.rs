@@ -143,8 +143,54 @@ pub(crate) struct State {
     pub requests: Vec<(Method, String)>,
     /// Failures the next attaches' error channels carry, in order.
     pub attach_failures: VecDeque<AttachFailure>,
+    /// Requests to fail once each, as an overloaded server does.
+    pub outages: Vec<Outage>,
     /// (namespace, pod, container) whose `stdinOnce` stdin was spent.
     pub stdin_spent: HashSet<(String, String, String)>,
+}
+
+/// How a loaded API server fails a request it does not serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// API Priority and Fairness sheds it: 429 with `Retry-After`.
+    Throttled,
+    /// etcd did not answer in time: 500 `etcdserver: request timed out`.
+    EtcdTimeout,
+}
+
+impl Overload {
+    pub fn error(self) -> ApiError {
+        match self {
+            Overload::Throttled => ApiError::too_many_requests(),
+            Overload::EtcdTimeout => ApiError::internal("etcdserver: request timed out"),
+        }
+    }
+}
+
+/// Requests to fail (`fail_next`).
+pub(crate) struct Outage {
+    method: Method,
+    path_contains: String,
+    how: Overload,
+    left: usize,
+}
+
+impl State {
+    /// The failure due to the request, if one is: each outage fails its
+    /// next `left` matching requests.
+    pub(crate) fn outage_for(&mut self, method: &Method, path: &str) -> Option<Overload> {
+        let at = self
+            .outages
+            .iter()
+            .position(|o| o.left > 0 && o.method == *method && path.contains(&o.path_contains))?;
+        let outage = &mut self.outages[at];
+        outage.left -= 1;
+        let how = outage.how;
+        if outage.left == 0 {
+            self.outages.remove(at);
+        }
+        Some(how)
+    }
 }
 
 #[derive(Clone)]
@@ -232,6 +278,7 @@ impl ApiServer {
                 schemas: schema::Schemas::builtin(),
                 requests: Vec::new(),
                 attach_failures: VecDeque::new(),
+                outages: Vec::new(),
                 stdin_spent: HashSet::new(),
             })),
             revision: Arc::new(signal::channel(revision).0),
@@ -412,6 +459,17 @@ impl ApiServer {
     /// of Success (the kubelet failing behind an accepted WebSocket).
     pub fn fail_next_attach(&self, failure: AttachFailure) {
         self.shared.lock().attach_failures.push_back(failure);
+    }
+
+    /// The next `times` requests with `method` whose path contains
+    /// `path_contains` fail as `how`, before the server looks at them.
+    pub fn fail_next(&self, method: Method, path_contains: &str, how: Overload, times: usize) {
+        self.shared.lock().outages.push(Outage {
+            method,
+            path_contains: path_contains.to_string(),
+            how,
+            left: times,
+        });
     }
 
     /// Forgets the change history: watches from earlier resourceVersions
