@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Histories per run when `MANGO_PROPTEST_CASES` is unset: bounded for `make test`.
-const DEFAULT_CASES: u32 = 24;
+const DEFAULT_CASES: u32 = 64;
 const MAX_STEPS: usize = 40;
 const MAX_ITEMS: usize = 5;
 /// Short enough that clock steps cross it often.
@@ -675,7 +675,30 @@ impl Model {
     }
 
     fn poll(&mut self, now: Timestamp) -> Outcome {
-        loop {
+        self.poll_around(now, usize::MAX, &mut |_| {})
+    }
+
+    /// A Poll is a sequence of statements: a claim, and for an item past
+    /// the reclaim limit its Fail, then the next claim. `other` (another
+    /// actor's whole action) runs once, after the first `at` of them (or last).
+    fn poll_around(
+        &mut self,
+        now: Timestamp,
+        at: usize,
+        other: &mut dyn FnMut(&mut Model),
+    ) -> Outcome {
+        let mut done = 0;
+        let mut other = Some(other);
+        let mut statement = |model: &mut Model, done: &mut usize| {
+            if *done == at {
+                if let Some(other) = other.take() {
+                    other(model);
+                }
+            }
+            *done += 1;
+        };
+        let outcome = loop {
+            statement(self, &mut done);
             let candidate = self
                 .items
                 .iter()
@@ -684,7 +707,7 @@ impl Model {
                 .min_by(|(_, a), (_, b)| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)))
                 .map(|(index, _)| index);
             let Some(index) = candidate else {
-                return Outcome::Polled(None);
+                break Outcome::Polled(None);
             };
             let lease = self.items[index].lease.claim(now);
             let epoch = lease.claim_epoch;
@@ -695,6 +718,7 @@ impl Model {
             }
             let reclaims = epoch - 1;
             if reclaims > i64::from(MAX_RECLAIMS) {
+                statement(self, &mut done);
                 self.give_ups += 1;
                 let message =
                     poll::reclaim_limit_message(&self.items[index].id, reclaims, MAX_RECLAIMS);
@@ -706,8 +730,12 @@ impl Model {
                 });
                 continue;
             }
-            return Outcome::Polled(Some((index, epoch)));
+            break Outcome::Polled(Some((index, epoch)));
+        };
+        if let Some(other) = other.take() {
+            other(self);
         }
+        outcome
     }
 
     fn sweep(&mut self, now: Timestamp) -> Outcome {
@@ -1014,24 +1042,41 @@ async fn run_history(pool: PgPool, history: History) -> Result<(), TestCaseError
         }
 
         let observed = observe(&real, &items).await;
-        let orders: Vec<Vec<usize>> = if calls.len() == 1 {
-            vec![vec![0]]
+        let mut orders: Vec<Order> = if calls.len() == 1 {
+            vec![Order::Sequence(vec![0])]
         } else {
-            vec![vec![0, 1], vec![1, 0]]
+            vec![Order::Sequence(vec![0, 1]), Order::Sequence(vec![1, 0])]
         };
+        if calls.len() == 2 {
+            for poll in (0..2).filter(|&i| matches!(calls[i], Call::Poll)) {
+                // Between a Poll's statements: after a claim past the limit, after its Fail.
+                orders.extend((1..=4).map(|at| Order::InsidePoll { poll, at }));
+            }
+        }
         let mut tried = Vec::new();
         let mut accepted = None;
         for order in orders {
             let mut candidate = model.clone();
             let mut expected = vec![Outcome::Skipped; calls.len()];
-            for &i in &order {
-                let mut outcome = candidate.apply(&calls[i], &items, created[i].as_ref(), now);
-                if let Outcome::Polled(Some((index, epoch))) = outcome {
-                    let id = &candidate.items[index].id;
-                    let index = items.iter().position(|i| &i.id == id).expect("known");
-                    outcome = Outcome::Polled(Some((index, epoch)));
+            let apply = |model: &mut Model, i: usize, expected: &mut Vec<Outcome>| {
+                let outcome = model.apply(&calls[i], &items, created[i].as_ref(), now);
+                expected[i] = harness_indexed(outcome, model, &items);
+            };
+            match &order {
+                Order::Sequence(sequence) => {
+                    for &i in sequence {
+                        apply(&mut candidate, i, &mut expected);
+                    }
                 }
-                expected[i] = outcome;
+                Order::InsidePoll { poll, at } => {
+                    let other = 1 - poll;
+                    let mut other_expected = vec![Outcome::Skipped; calls.len()];
+                    let outcome = candidate.poll_around(now, *at, &mut |model| {
+                        apply(model, other, &mut other_expected)
+                    });
+                    expected[*poll] = harness_indexed(outcome, &candidate, &items);
+                    expected[other] = other_expected[other].clone();
+                }
             }
             // Items two concurrent Creates made are indexed as the actors learned them.
             let mut ordered = candidate;
@@ -1043,6 +1088,9 @@ async fn run_history(pool: PgPool, history: History) -> Result<(), TestCaseError
                 break;
             }
             tried.push((order, expected, ordered));
+        }
+        if accepted.is_none() {
+            accepted = concurrent_sweeps(&model, &calls, &outcomes, &observed, now);
         }
         let Some(next) = accepted else {
             return Err(TestCaseError::fail(format!(
@@ -1063,6 +1111,50 @@ async fn run_history(pool: PgPool, history: History) -> Result<(), TestCaseError
         );
     }
     Ok(())
+}
+
+/// An order of a step's actions the model tries.
+#[derive(Debug)]
+enum Order {
+    Sequence(Vec<usize>),
+    /// The other action between the Poll's statements `at - 1` and `at`.
+    InsidePoll {
+        poll: usize,
+        at: usize,
+    },
+}
+
+/// A model Poll's answer with the item as the actors index it.
+fn harness_indexed(outcome: Outcome, model: &Model, items: &[Item]) -> Outcome {
+    match outcome {
+        Outcome::Polled(Some((index, epoch))) => {
+            let id = &model.items[index].id;
+            let index = items.iter().position(|i| &i.id == id).expect("known");
+            Outcome::Polled(Some((index, epoch)))
+        }
+        other => other,
+    }
+}
+
+/// A sweep pass is atomic per row, not as a whole: two passes at once may
+/// split the rows between them. They are the model's one pass when their
+/// counts add up to its count and the rows end as it leaves them.
+fn concurrent_sweeps(
+    model: &Model,
+    calls: &[Call],
+    outcomes: &[Outcome],
+    observed: &Model,
+    now: Timestamp,
+) -> Option<Model> {
+    let ([Call::Sweep, Call::Sweep], [Outcome::Swept(a), Outcome::Swept(b)]) = (calls, outcomes)
+    else {
+        return None;
+    };
+    let mut candidate = model.clone();
+    let Outcome::Swept(moved) = candidate.sweep(now) else {
+        unreachable!("a sweep answers its count")
+    };
+    (a + b == moved && candidate == *observed).then_some(candidate)
 }
 
 fn clone_learned(fact: &Learned) -> Learned {
