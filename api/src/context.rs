@@ -1,3 +1,4 @@
+use crate::clock::Clock;
 use crate::store::keys::KeyRow;
 use crate::store::work::WorkRow;
 use crate::wake::WakeHub;
@@ -142,6 +143,9 @@ pub struct ApiContext {
     /// Whether the LISTEN connection is up (and registered): until it is,
     /// commits of other processes may go unnoticed for a second.
     pub listening: Arc<tokio::sync::watch::Sender<bool>>,
+    /// What the Work lease paths take as now ([`crate::clock`]); the system clock
+    /// unless a test replaces it.
+    pub clock: Clock,
     sightings: Arc<Mutex<HashMap<(String, String), Instant>>>,
     recent_keys: Arc<Mutex<KeyLookups>>,
     recent_claims: Arc<Mutex<ClaimLookups>>,
@@ -157,6 +161,7 @@ impl ApiContext {
             events: Arc::new(crate::feed::SessionFeeds::new(db.clone())),
             process: crate::db::api_process(&db).map(Arc::from),
             listening: Arc::new(tokio::sync::watch::channel(false).0),
+            clock: Clock::System,
             db,
             settings: Arc::new(settings),
             wake: Arc::default(),
@@ -166,6 +171,11 @@ impl ApiContext {
             recent_keys: Arc::default(),
             recent_claims: Arc::default(),
         }
+    }
+
+    /// Now, as the Work lease paths see it.
+    pub fn now(&self) -> mango_protocol::time::Timestamp {
+        self.clock.now()
     }
 
     /// Resolves once the LISTEN connection is up: a server started for a

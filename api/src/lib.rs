@@ -8,6 +8,7 @@
 pub mod agent_definition;
 pub mod agent_loop;
 pub mod auth;
+pub mod clock;
 pub mod connection_limits;
 pub mod context;
 pub mod db;

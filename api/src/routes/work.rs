@@ -49,8 +49,8 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 }
 
 /// The item as of now (reads show reconciled state).
-fn render_now(row: &WorkRow) -> Json<Work> {
-    Json(row.render(&row.lease().reconcile(time::now()), None))
+fn render_now(ctx: &ApiContext, row: &WorkRow) -> Json<Work> {
+    Json(row.render(&row.lease().reconcile(ctx.now()), None))
 }
 
 // ------------------------------------------------------------------ operator endpoints
@@ -91,7 +91,7 @@ async fn create(
         .code(ErrorCode::EnvironmentArchived));
     }
     let row = work_service::create_healthcheck(&ctx, &mut conn, &env, &metadata).await?;
-    Ok((StatusCode::CREATED, render_now(&row)).into_response())
+    Ok((StatusCode::CREATED, render_now(&ctx, &row)).into_response())
 }
 
 /// Update merges metadata: a string upserts, null deletes.
@@ -111,7 +111,10 @@ async fn retrieve(
 ) -> ApiResult<Json<Work>> {
     let (mut conn, key) = operator(&ctx, &headers, "Reading Work").await?;
     find_environment(&mut conn, &key, &env).await?;
-    Ok(render_now(&work_service::find(&mut conn, &env, &id).await?))
+    Ok(render_now(
+        &ctx,
+        &work_service::find(&mut conn, &env, &id).await?,
+    ))
 }
 
 #[utoipa::path(
@@ -138,7 +141,7 @@ async fn update(
         None => row,
         Some(patch) => work_service::update_metadata(&mut conn, row, &patch).await?,
     };
-    Ok(render_now(&row))
+    Ok(render_now(&ctx, &row))
 }
 
 /// List: newest first, cursor pages.
@@ -168,7 +171,7 @@ async fn list(
     let after = params.cursor("page")?;
     let mut rows = work::list(&mut *conn, &env, after, limit + 1).await?;
     let next_page = cursor::next_page(&mut rows, limit, |r| cursor::encode(&r.created_at, &r.id));
-    let now = time::now();
+    let now = ctx.now();
     let data = rows
         .iter()
         .map(|r| r.render(&r.lease().reconcile(now), None))
@@ -200,7 +203,7 @@ async fn stats(
             other.environment_key(&env, "Work stats")?;
         }
     }
-    let s = work::stats(&mut *conn, &env, time::now(), ctx.settings.default_reclaim).await?;
+    let s = work::stats(&mut *conn, &env, ctx.now(), ctx.settings.default_reclaim).await?;
     Ok(Json(QueueStats {
         kind: "work_queue_stats".into(),
         depth: s.depth,
@@ -265,7 +268,7 @@ async fn poll(
     };
     let claimed = poll::poll(&ctx, request, Some(conn)).await?;
     Ok(Json(claimed.map(|(row, secret)| {
-        row.render(&row.lease().reconcile(time::now()), Some(secret))
+        row.render(&row.lease().reconcile(ctx.now()), Some(secret))
     })))
 }
 
@@ -309,7 +312,7 @@ async fn claims(
             ids.len()
         )));
     }
-    let now = time::now();
+    let now = ctx.now();
     let data = work::claimed_by(&mut *conn, &env, &key.id, &ids)
         .await?
         .into_iter()

@@ -27,7 +27,17 @@ pub async fn fail(
         Some(session_id) => sessions::lock(&mut tx, session_id).await?,
         None => None,
     };
-    let (row, lease) = work::fail(ctx, &mut tx, row, fence, message).await?;
+    let (row, lease) = match work::fail(ctx, &mut tx, row, fence, message).await {
+        Ok(failed) => failed,
+        Err(refusal) if refusal.status.is_client_error() => {
+            // A refused Fail still keeps what reconciling moved (a timed-out
+            // check, a run-out stopping lease), as every other transition does.
+            tx.commit().await?;
+            ctx.agent_wake.notify_waiters();
+            return Err(refusal);
+        }
+        Err(err) => return Err(err),
+    };
     let appended = match session.as_mut() {
         Some(session) => {
             let error = EventBody::SessionError(SessionError {

@@ -12,7 +12,6 @@ use crate::service::work::{revoked, Fence};
 use crate::store::keys;
 use crate::store::work::{self, WorkRow};
 use chrono::Duration;
-use mango_protocol::time;
 
 /// What Poll waits for and how it claims.
 pub struct PollRequest<'a> {
@@ -46,7 +45,7 @@ pub async fn poll(
             None => ctx.db.acquire().await?,
         };
         let token = ids::new_secret(ids::SESSIONS_TOKEN_PREFIX);
-        let now = time::now();
+        let now = ctx.now();
         let claimed = work::claim(
             &mut *conn,
             request.environment_id,
@@ -83,14 +82,19 @@ pub async fn poll(
     Ok(None)
 }
 
+/// Why an item reclaimed past the limit was failed (its Session's
+/// `session.error`, a healthcheck's result).
+pub fn reclaim_limit_message(work_id: &str, reclaims: i64, max_reclaims: u32) -> String {
+    format!(
+        "Work {work_id} was reclaimed {reclaims} times without finishing (the limit is {max_reclaims}): \
+         every worker that took it lost its lease, so it was failed rather than handed out again"
+    )
+}
+
 /// Fails an item its workers never finished: the reason goes where Fail
 /// puts one (the Session's `session.error`, a healthcheck's result).
 async fn give_up(ctx: &ApiContext, row: WorkRow, reclaims: i64) -> ApiResult<()> {
-    let message = format!(
-        "Work {} was reclaimed {reclaims} times without finishing (the limit is {}): \
-         every worker that took it lost its lease, so it was failed rather than handed out again",
-        row.id, ctx.settings.max_reclaims
-    );
+    let message = reclaim_limit_message(&row.id, reclaims, ctx.settings.max_reclaims);
     tracing::warn!(work_id = %row.id, reclaims, "reclaim limit reached; failing the Work");
     Metrics::count(&ctx.metrics.reclaim_limit_failures);
     match fail::fail(ctx, row, Fence::Operator, &message).await {

@@ -73,7 +73,7 @@ pub async fn transition<T>(
         _ => None,
     };
     for _ in 0..MAX_ATTEMPTS {
-        let now = time::now();
+        let now = ctx.now();
         let stored = row.lease();
         let current = stored.reconcile(now);
         let (next, outcome) = match rule(&current, now) {
@@ -151,7 +151,7 @@ pub async fn create_healthcheck(
     environment_id: &str,
     metadata: &BTreeMap<String, String>,
 ) -> ApiResult<WorkRow> {
-    let now = time::now();
+    let now = ctx.now();
     let lease = Lease::new(WorkType::Healthcheck, now, ctx.settings.default_ttl_seconds);
     Ok(work::insert(
         &mut *conn,
@@ -377,7 +377,7 @@ pub async fn fail(
 /// run-out stopping leases) that reads already show; a lost compare-and-set
 /// means a request did it first. Returns how many rows moved.
 pub async fn reconcile_due(ctx: &ApiContext) -> sqlx::Result<usize> {
-    let now = time::now();
+    let now = ctx.now();
     let mut moved = 0;
     for row in work::due_for_reconcile(&ctx.db, now, 500).await? {
         let next = row.lease().reconcile(now);
