@@ -51,8 +51,8 @@ pub struct Lease {
 /// the claims read shows only whether an end is keepable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkEnd {
-    /// The holder's forced Stop at its Session's idle end: the runner is
-    /// clean and waiting for the Session's next envelope.
+    /// The holder's forced Stop at its Session's idle end (no operator's
+    /// Stop, lost lease or failure before it).
     Idle,
     /// The holder's Stop for any other reason (the Session terminated, a
     /// graceful Stop of its own, a forced Stop before its first beat).

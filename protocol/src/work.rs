@@ -312,8 +312,8 @@ pub struct StopWork {
 wire_enum! {
     /// Why a holder stops its Work (`…/stop`'s `reason`).
     pub enum WorkStopReason {
-        /// The Session's activation ended idle: its runner is clean and
-        /// waiting for the Session's next envelope.
+        /// The Session's activation ended idle (the runner's idle end
+        /// after an end-of-turn), not stopped, failed or lost.
         Idle => "idle",
     }
 }
