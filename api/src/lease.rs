@@ -40,6 +40,71 @@ pub struct Lease {
     pub expires_at: Option<Timestamp>,
     pub result: Option<CheckResult>,
     pub result_committed_at: Option<Timestamp>,
+    /// Who first asked the item to end, and how; `None` while nobody has.
+    /// Set when it goes `stopping` or `stopped`, and never changed after.
+    pub end: Option<WorkEnd>,
+}
+
+/// Why a Work item ends (stored as `work.end_reason`). A supervisor may
+/// keep the sandbox of an item that ended [`WorkEnd::Idle`], and only of
+/// such an item (spec §7.1): any other end removes it. Not on the wire:
+/// the claims read shows only whether an end is keepable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkEnd {
+    /// The holder's forced Stop at its Session's idle end (no operator's
+    /// Stop, lost lease or failure before it).
+    Idle,
+    /// The holder's Stop for any other reason (the Session terminated, a
+    /// graceful Stop of its own, a forced Stop before its first beat).
+    Holder,
+    /// A Workspace key's Stop, graceful or forced.
+    Operator,
+    /// Fail, by the holder or by Poll giving up on an item.
+    Failed,
+    /// A healthcheck's Result.
+    Result,
+    /// Time: a `stopping` lease ran out, or a healthcheck's deadline passed.
+    Lapsed,
+}
+
+impl WorkEnd {
+    const ALL: [WorkEnd; 6] = [
+        WorkEnd::Idle,
+        WorkEnd::Holder,
+        WorkEnd::Operator,
+        WorkEnd::Failed,
+        WorkEnd::Result,
+        WorkEnd::Lapsed,
+    ];
+
+    /// The stored text (the column's CHECK lists the same).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkEnd::Idle => "idle",
+            WorkEnd::Holder => "holder",
+            WorkEnd::Operator => "operator",
+            WorkEnd::Failed => "failed",
+            WorkEnd::Result => "result",
+            WorkEnd::Lapsed => "lapsed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<WorkEnd> {
+        WorkEnd::ALL.into_iter().find(|end| end.as_str() == text)
+    }
+}
+
+/// Who asks for a Stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopper {
+    /// A Workspace key.
+    Operator,
+    /// The claim's sessions token.
+    Holder,
+    /// The claim's sessions token, for its Session's idle end. It ends the
+    /// item [`WorkEnd::Idle`] only when nothing else asked first and the
+    /// item is an active Session's; otherwise it is an ordinary holder Stop.
+    HolderIdle,
 }
 
 impl Lease {
@@ -64,7 +129,14 @@ impl Lease {
             },
             result: None,
             result_committed_at: None,
+            end: None,
         }
+    }
+
+    /// Whether the item ended at its runner's idle end, so its sandbox may be
+    /// kept for the Session's next activation (after reconcile).
+    pub fn keepable(&self) -> bool {
+        self.state == WorkState::Stopped && self.end == Some(WorkEnd::Idle)
     }
 
     fn lease_live(&self, now: Timestamp) -> bool {
@@ -88,20 +160,22 @@ impl Lease {
             if next.state == WorkState::Stopping {
                 // Stop was asked for before the deadline: the check was cancelled.
                 let at = next.lease_expires_at.map_or(deadline, |l| l.min(deadline));
-                next.finish(at, Some(CheckStatus::Cancelled));
+                next.finish(at, Some(CheckStatus::Cancelled), WorkEnd::Lapsed);
             } else {
-                next.finish(deadline, Some(CheckStatus::TimedOut));
+                next.finish(deadline, Some(CheckStatus::TimedOut), WorkEnd::Lapsed);
             }
         } else if next.state == WorkState::Stopping && !next.lease_live(now) {
             let at = next.lease_expires_at.unwrap_or(now);
-            next.finish(at, None);
+            next.finish(at, None, WorkEnd::Lapsed);
         }
         next
     }
 
-    /// Records `stopped`; an unfinished healthcheck gets `status` (default cancelled).
-    fn finish(&mut self, at: Timestamp, status: Option<CheckStatus>) {
+    /// Records `stopped`; an unfinished healthcheck gets `status` (default
+    /// cancelled). `end` counts only if nobody asked for the end before.
+    fn finish(&mut self, at: Timestamp, status: Option<CheckStatus>, end: WorkEnd) {
         self.state = WorkState::Stopped;
+        self.end = self.end.or(Some(end));
         self.stopped_at = Some(at);
         self.lease_expires_at = None;
         self.claimed_at = None;
@@ -143,6 +217,7 @@ impl Lease {
             previous_heartbeat_at: None,
             lease_expires_at: None,
             stop_requested_at: None,
+            end: None,
             ..self.clone()
         }
     }
@@ -238,18 +313,30 @@ impl Lease {
     }
 
     /// Stop: graceful turns `active` into `stopping`; forced, or on an item
-    /// that never went active, records `stopped` at once.
-    pub fn stop(&self, force: bool, now: Timestamp) -> Result<Lease, StopError> {
+    /// that never went active, records `stopped` at once. The first Stop
+    /// asked for names the end; a holder's idle Stop is [`WorkEnd::Idle`]
+    /// only on an active Session item nobody asked to stop before.
+    pub fn stop(&self, force: bool, by: Stopper, now: Timestamp) -> Result<Lease, StopError> {
         let mut next = self.clone();
+        let end = match by {
+            Stopper::Operator => WorkEnd::Operator,
+            Stopper::HolderIdle
+                if force && self.state == WorkState::Active && self.kind == WorkType::Session =>
+            {
+                WorkEnd::Idle
+            }
+            Stopper::Holder | Stopper::HolderIdle => WorkEnd::Holder,
+        };
         match self.state {
             WorkState::Stopped => return Err(StopError::AlreadyStopped),
             WorkState::Active | WorkState::Stopping if !force => {
                 next.state = WorkState::Stopping;
                 next.stop_requested_at = self.stop_requested_at.or(Some(now));
+                next.end = self.end.or(Some(end));
             }
             _ => {
                 next.stop_requested_at = self.stop_requested_at.or(Some(now));
-                next.finish(now, None);
+                next.finish(now, None, end);
             }
         }
         Ok(next)
@@ -269,7 +356,7 @@ impl Lease {
                 let mut next = self.clone();
                 next.result = Some(result.clone());
                 next.result_committed_at = Some(now);
-                next.finish(now, None);
+                next.finish(now, None, WorkEnd::Result);
                 Ok((next, Completion::Stored))
             }
             WorkState::Stopped if self.result_committed_at.is_some() => {
@@ -296,7 +383,7 @@ impl Lease {
             });
         }
         next.stop_requested_at = self.stop_requested_at.or(Some(now));
-        next.finish(now, None);
+        next.finish(now, None, WorkEnd::Failed);
         Ok(next)
     }
 

@@ -15,7 +15,7 @@ use mango_protocol::events::{Event, SentEvent};
 use mango_protocol::sessions::Session;
 use mango_protocol::{
     DeletedSessions, Environment, ErrorCode, ErrorEnvelope, ErrorType, HeartbeatResponse, Page,
-    QueueStats, Work, WorkClaims, NO_HEARTBEAT,
+    QueueStats, Work, WorkClaims, WorkStopReason, NO_HEARTBEAT,
 };
 use rand::Rng;
 use reqwest::{Method, StatusCode};
@@ -459,11 +459,26 @@ impl Client {
 
     /// Stop; an already-stopped item is not an error here (`Ok(false)`).
     pub async fn stop(&self, environment_id: &str, work_id: &str, force: bool) -> Result<bool> {
-        let path = Self::work_path(environment_id, &format!("/{work_id}/stop"));
-        match self
-            .send(Method::POST, &path, &[], Some(&json!({"force": force})))
+        self.stop_with(environment_id, work_id, json!({"force": force}))
             .await
-        {
+    }
+
+    /// The holder's forced Stop at its Session's idle end (`reason: idle`):
+    /// the api records the item keepable, so its supervisor may keep the
+    /// sandbox for the Session's next activation (spec §7.1). Sessions
+    /// token only; `Ok(false)` when the item was already stopped.
+    pub async fn stop_idle(&self, environment_id: &str, work_id: &str) -> Result<bool> {
+        self.stop_with(
+            environment_id,
+            work_id,
+            json!({"force": true, "reason": WorkStopReason::Idle}),
+        )
+        .await
+    }
+
+    async fn stop_with(&self, environment_id: &str, work_id: &str, body: Value) -> Result<bool> {
+        let path = Self::work_path(environment_id, &format!("/{work_id}/stop"));
+        match self.send(Method::POST, &path, &[], Some(&body)).await {
             Ok(_) => Ok(true),
             Err(err) if err.error_code() == Some(ErrorCode::WorkAlreadyStopped.as_str()) => {
                 Ok(false)

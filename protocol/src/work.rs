@@ -206,6 +206,12 @@ pub struct ClaimState {
     /// runner of this claim has lost its lease and its sandbox should go.
     #[serde(default)]
     pub lease_lost: bool,
+    /// The item stopped at its runner's idle end (its holder's `idle`
+    /// Stop, with nobody asking to stop it before): its sandbox may be kept
+    /// for the Session's next activation. False for every other end — an
+    /// operator's Stop, a Fail, a lost lease, a Result — and while it runs.
+    #[serde(default)]
+    pub keepable: bool,
 }
 
 /// Mango's extension for supervisors (`GET …/sessions/deleted`,
@@ -295,6 +301,21 @@ pub struct HeartbeatParams {
 pub struct StopWork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force: Option<bool>,
+    /// Mango's extension, the holder's only: `idle` says its Session's
+    /// activation ended idle, so its sandbox may be kept for the Session's
+    /// next activation (spec §7.1). Needs `force: true` and the Work's
+    /// sessions token; the SDKs never send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<WorkStopReason>,
+}
+
+wire_enum! {
+    /// Why a holder stops its Work (`…/stop`'s `reason`).
+    pub enum WorkStopReason {
+        /// The Session's activation ended idle (the runner's idle end
+        /// after an end-of-turn), not stopped, failed or lost.
+        Idle => "idle",
+    }
 }
 
 wire_enum! {

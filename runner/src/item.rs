@@ -137,8 +137,16 @@ pub fn run(identity: Identity) -> ExitCode {
 const SIGNAL_STOP_BOUND: Duration = Duration::from_secs(3);
 
 /// The runner's own forced Stop of its Work; bounded after a stop signal.
-async fn final_stop(client: &Client, id: &Activation, signalled: bool) {
-    let stop = client.stop(&id.environment_id, &id.work_id, true);
+/// `idle`: the Session's activation ended idle, which the api records as a
+/// keepable end (spec §7.1).
+async fn final_stop(client: &Client, id: &Activation, signalled: bool, idle: bool) {
+    let stop = async {
+        if idle {
+            client.stop_idle(&id.environment_id, &id.work_id).await
+        } else {
+            client.stop(&id.environment_id, &id.work_id, true).await
+        }
+    };
     let stopped = if signalled {
         match tokio::time::timeout(SIGNAL_STOP_BOUND, stop).await {
             Ok(stopped) => stopped.map(|_| ()).map_err(|e| e.to_string()),
@@ -403,7 +411,8 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
             SessionEnd::ResultUndelivered(_) | SessionEnd::PreparationUnavailable(_)
         ) || (by_signal && lease_end == KeeperEnd::Interrupted);
         if lease_end.may_stop() && !leave_to_expire {
-            final_stop(&client, &item, signalled.is_cancelled()).await;
+            let idle = session_end == SessionEnd::IdleAfterTurn && !signalled.is_cancelled();
+            final_stop(&client, &item, signalled.is_cancelled(), idle).await;
         }
         if by_signal {
             return Ok(Exit::Signalled);
@@ -428,7 +437,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         if signalled.is_cancelled() {
             // A Stop asked for is honoured; otherwise the check is reclaimed.
             if end == KeeperEnd::StopRequested {
-                final_stop(&client, &item, true).await;
+                final_stop(&client, &item, true, false).await;
             }
             tracing::info!(work_id = %item.work_id, end = ?end, "stop signal before the probe finished");
             return Ok(Exit::Signalled);

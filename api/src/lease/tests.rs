@@ -26,9 +26,9 @@ fn lease_in(kind: WorkType, state: WorkState) -> Lease {
         WorkState::Active => starting.heartbeat(None, None, at(3), TTL).unwrap().0,
         WorkState::Stopping => {
             let active = starting.heartbeat(None, None, at(3), TTL).unwrap().0;
-            active.stop(false, at(4)).unwrap()
+            active.stop(false, Stopper::Operator, at(4)).unwrap()
         }
-        WorkState::Stopped => starting.stop(true, at(3)).unwrap(),
+        WorkState::Stopped => starting.stop(true, Stopper::Operator, at(3)).unwrap(),
         WorkState::Queued => unreachable!(),
     }
 }
@@ -104,7 +104,7 @@ fn stopping_healthcheck_that_runs_out_is_cancelled() {
         .heartbeat(None, Some(5), at(3), TTL)
         .unwrap()
         .0;
-    let stopping = active.stop(false, at(4)).unwrap();
+    let stopping = active.stop(false, Stopper::Operator, at(4)).unwrap();
     let done = stopping.reconcile(at(8));
     assert_eq!(done.state, WorkState::Stopped);
     assert_eq!(done.result.unwrap().status, CheckStatus::Cancelled);
@@ -403,7 +403,9 @@ fn stop_matrix() {
         for force in [false, true] {
             // Never went active: stopped at once either way.
             for state in [WorkState::Queued, WorkState::Starting] {
-                let stopped = lease_in(kind, state).stop(force, at(50)).unwrap();
+                let stopped = lease_in(kind, state)
+                    .stop(force, Stopper::Operator, at(50))
+                    .unwrap();
                 assert_eq!(
                     stopped.state,
                     WorkState::Stopped,
@@ -415,15 +417,17 @@ fn stop_matrix() {
                     assert_eq!(stopped.result.unwrap().status, CheckStatus::Cancelled);
                 }
             }
-            let pending_stop = pending(kind).stop(force, at(50)).unwrap();
+            let pending_stop = pending(kind)
+                .stop(force, Stopper::Operator, at(50))
+                .unwrap();
             assert_eq!(pending_stop.state, WorkState::Stopped);
             assert_eq!(
-                lease_in(kind, WorkState::Stopped).stop(force, at(50)),
+                lease_in(kind, WorkState::Stopped).stop(force, Stopper::Operator, at(50)),
                 Err(StopError::AlreadyStopped)
             );
         }
         let active = lease_in(kind, WorkState::Active);
-        let graceful = active.stop(false, at(50)).unwrap();
+        let graceful = active.stop(false, Stopper::Operator, at(50)).unwrap();
         assert_eq!(graceful.state, WorkState::Stopping);
         assert_eq!(
             graceful.lease_expires_at, active.lease_expires_at,
@@ -431,22 +435,112 @@ fn stop_matrix() {
         );
         assert_eq!(graceful.stop_requested_at, Some(at(50)));
         assert_eq!(
-            graceful.stop(false, at(60)).unwrap(),
+            graceful.stop(false, Stopper::Operator, at(60)).unwrap(),
             graceful,
             "repeat graceful stop changes nothing"
         );
-        let forced = graceful.stop(true, at(60)).unwrap();
+        let forced = graceful.stop(true, Stopper::Operator, at(60)).unwrap();
         assert_eq!(forced.state, WorkState::Stopped);
         assert_eq!(
             forced.stop_requested_at,
             Some(at(50)),
             "first request time is kept"
         );
-        assert_eq!(active.stop(true, at(50)).unwrap().state, WorkState::Stopped);
+        assert_eq!(
+            active.stop(true, Stopper::Operator, at(50)).unwrap().state,
+            WorkState::Stopped
+        );
     }
 }
 
 // ---------------------------------------------------------------- result
+
+#[test]
+fn only_the_holders_idle_stop_of_an_active_session_is_keepable() {
+    let active = lease_in(WorkType::Session, WorkState::Active);
+    let idle = active.stop(true, Stopper::HolderIdle, at(50)).unwrap();
+    assert_eq!(idle.state, WorkState::Stopped);
+    assert_eq!(idle.end, Some(WorkEnd::Idle));
+    assert!(idle.keepable());
+    assert!(
+        !active.keepable(),
+        "a running item is not keepable before it ends"
+    );
+
+    let ends = |lease: &Lease| (lease.state, lease.end, lease.keepable());
+    // Every other end of the same active item.
+    assert_eq!(
+        ends(&active.stop(true, Stopper::Holder, at(50)).unwrap()),
+        (WorkState::Stopped, Some(WorkEnd::Holder), false)
+    );
+    assert_eq!(
+        ends(&active.stop(true, Stopper::Operator, at(50)).unwrap()),
+        (WorkState::Stopped, Some(WorkEnd::Operator), false)
+    );
+    assert_eq!(
+        ends(&active.fail("bad input", at(50)).unwrap()),
+        (WorkState::Stopped, Some(WorkEnd::Failed), false)
+    );
+    // A graceful idle Stop is no idle end: only a forced one is.
+    assert_eq!(
+        ends(&active.stop(false, Stopper::HolderIdle, at(50)).unwrap()),
+        (WorkState::Stopping, Some(WorkEnd::Holder), false)
+    );
+    // Before its first beat the runner cannot have gone idle.
+    let starting = lease_in(WorkType::Session, WorkState::Starting);
+    assert_eq!(
+        ends(&starting.stop(true, Stopper::HolderIdle, at(50)).unwrap()),
+        (WorkState::Stopped, Some(WorkEnd::Holder), false)
+    );
+    // A healthcheck is never kept.
+    let check = lease_in(WorkType::Healthcheck, WorkState::Active);
+    assert!(!check
+        .stop(true, Stopper::HolderIdle, at(50))
+        .unwrap()
+        .keepable());
+}
+
+#[test]
+fn the_first_stop_asked_for_names_the_end() {
+    let active = lease_in(WorkType::Session, WorkState::Active);
+    let graceful = active.stop(false, Stopper::Operator, at(50)).unwrap();
+    assert_eq!(graceful.end, Some(WorkEnd::Operator));
+    // The runner's idle Stop after an operator's graceful one is the operator's end.
+    let then_idle = graceful.stop(true, Stopper::HolderIdle, at(51)).unwrap();
+    assert_eq!(then_idle.state, WorkState::Stopped);
+    assert_eq!(then_idle.end, Some(WorkEnd::Operator));
+    assert!(!then_idle.keepable());
+    // A stopping lease that runs out keeps its cause; one with none is lapsed.
+    let ran_out = graceful.reconcile(active.lease_expires_at.unwrap());
+    assert_eq!(
+        (ran_out.state, ran_out.end),
+        (WorkState::Stopped, Some(WorkEnd::Operator))
+    );
+    let mut causeless = graceful.clone();
+    causeless.end = None;
+    assert_eq!(
+        causeless.reconcile(active.lease_expires_at.unwrap()).end,
+        Some(WorkEnd::Lapsed)
+    );
+    // A reclaim of a lost lease starts with no end.
+    let lost = active.reconcile(active.lease_expires_at.unwrap());
+    assert_eq!(lost.claim(active.lease_expires_at.unwrap()).end, None);
+}
+
+#[test]
+fn a_result_and_a_deadline_are_their_own_ends() {
+    let ok = CheckResult {
+        status: CheckStatus::Succeeded,
+        message: "passed".into(),
+    };
+    let active = lease_in(WorkType::Healthcheck, WorkState::Active);
+    let (done, _) = active.complete(&ok, at(10)).unwrap();
+    assert_eq!(done.end, Some(WorkEnd::Result));
+    let overdue = lease_in(WorkType::Healthcheck, WorkState::Starting);
+    let timed_out = overdue.reconcile(overdue.expires_at.unwrap());
+    assert_eq!(timed_out.end, Some(WorkEnd::Lapsed));
+    assert!(!timed_out.keepable());
+}
 
 #[test]
 fn result_matrix() {
@@ -530,4 +624,12 @@ fn fail_matrix() {
         lease_in(WorkType::Session, WorkState::Stopped).fail("x", at(20)),
         Err(StopError::AlreadyStopped)
     );
+}
+
+#[test]
+fn every_end_round_trips_through_its_stored_text() {
+    for end in WorkEnd::ALL {
+        assert_eq!(WorkEnd::parse(end.as_str()), Some(end));
+    }
+    assert_eq!(WorkEnd::parse("sleepy"), None);
 }

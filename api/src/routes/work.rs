@@ -24,7 +24,7 @@ use mango_protocol::time;
 use mango_protocol::{
     CheckResult, ClaimState, CreateWork, DeletedSessions, ErrorCode, FailWork, HeartbeatParams,
     HeartbeatResponse, Page, QueueStats, StopWork, UpdateWork, Work, WorkClaims, WorkData,
-    WorkResult, NO_HEARTBEAT,
+    WorkResult, WorkStopReason, WorkType, NO_HEARTBEAT,
 };
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -324,6 +324,7 @@ async fn claims(
                 claim: row.claim_epoch,
                 stop_requested_at: lease.stop_requested_at,
                 lease_lost: lease.is_available(now, ctx.settings.default_reclaim),
+                keepable: lease.keepable(),
             }
         })
         .collect();
@@ -499,18 +500,34 @@ async fn stop(
 ) -> ApiResult<StatusCode> {
     let mut conn = ctx.db.acquire().await?;
     let principal = authenticate(&ctx, &mut conn, &headers).await?;
-    let StopWork { force } = optional_body(&bytes)?;
+    let StopWork { force, reason } = optional_body(&bytes)?;
     let force = force.unwrap_or(false);
+    let idle = reason == Some(WorkStopReason::Idle);
+    if idle && !force {
+        return Err(ApiError::invalid_parameter(
+            "reason \"idle\" ends the Work at once: it needs force: true",
+        ));
+    }
     match principal {
         Principal::Workspace(key) => {
+            if idle {
+                return Err(ApiError::invalid_parameter(
+                    "reason \"idle\" is the holder's: only the Work's sessions token may give it",
+                ));
+            }
             find_environment(&mut conn, &key, &env).await?;
             let row = work_service::find(&mut conn, &env, &id).await?;
-            work_service::stop(&ctx, &mut conn, row, Fence::Operator, force).await?;
+            work_service::stop(&ctx, &mut conn, row, Fence::Operator, force, false).await?;
         }
         other => {
             let row = other.token_for(&env, &id, "Stop")?;
+            if idle && row.kind == WorkType::Healthcheck {
+                return Err(ApiError::invalid_parameter(
+                    "reason \"idle\" is for Session Work; a healthcheck ends with its Result",
+                ));
+            }
             let digest = row.token_sha256.clone().unwrap_or_default();
-            work_service::stop(&ctx, &mut conn, row, Fence::Token(&digest), force).await?;
+            work_service::stop(&ctx, &mut conn, row, Fence::Token(&digest), force, idle).await?;
         }
     }
     Ok(StatusCode::NO_CONTENT)

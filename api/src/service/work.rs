@@ -5,7 +5,9 @@
 
 use crate::context::ApiContext;
 use crate::error::{ApiError, ApiResult};
-use crate::lease::{AckError, Completion, Lease, ResultError, StopError, TokenRejection, TokenUse};
+use crate::lease::{
+    AckError, Completion, Lease, ResultError, StopError, Stopper, TokenRejection, TokenUse,
+};
 use crate::metrics::Metrics;
 use crate::store::keys;
 use crate::store::work::{self, NewWork, WorkRow};
@@ -191,17 +193,22 @@ pub async fn stop(
     row: WorkRow,
     fence: Fence<'_>,
     force: bool,
+    idle: bool,
 ) -> ApiResult<()> {
     let id = row.id.clone();
-    let by_token = matches!(fence, Fence::Token(_));
+    let by = match (fence, idle) {
+        (Fence::Token(_), true) => Stopper::HolderIdle,
+        (Fence::Token(_), false) => Stopper::Holder,
+        _ => Stopper::Operator,
+    };
     transition(ctx, conn, row, fence, |current, now| {
-        if by_token {
+        if by != Stopper::Operator {
             current
                 .admits_token(TokenUse::Stop, now)
                 .map_err(token_rejected)?;
         }
         current
-            .stop(force, now)
+            .stop(force, by, now)
             .map(|next| (next, ()))
             .map_err(|StopError::AlreadyStopped| already_stopped(&id))
     })

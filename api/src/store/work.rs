@@ -2,7 +2,7 @@
 //! one-statement claim or a compare-and-set of a [`Lease`] computed by the
 //! pure state machine, fenced on the row version and claim epoch it read.
 
-use crate::lease::Lease;
+use crate::lease::{Lease, WorkEnd};
 use crate::metadata;
 use chrono::Duration;
 use mango_protocol::time::Timestamp;
@@ -39,6 +39,7 @@ pub struct WorkRow {
     pub expires_at: Option<Timestamp>,
     pub result: Option<CheckResult>,
     pub result_committed_at: Option<Timestamp>,
+    pub end_reason: Option<WorkEnd>,
 }
 
 fn decoded<T: WireEnum>(column: &str, text: &str) -> sqlx::Result<T> {
@@ -59,6 +60,7 @@ impl<'r> FromRow<'r, PgRow> for WorkRow {
             }),
             _ => None,
         };
+        let end_reason: Option<String> = row.try_get("end_reason")?;
         Ok(WorkRow {
             id: row.try_get("id")?,
             environment_id: row.try_get("environment_id")?,
@@ -82,6 +84,14 @@ impl<'r> FromRow<'r, PgRow> for WorkRow {
             expires_at: row.try_get("expires_at")?,
             result,
             result_committed_at: row.try_get("result_committed_at")?,
+            end_reason: end_reason
+                .map(|text| {
+                    WorkEnd::parse(&text).ok_or_else(|| sqlx::Error::ColumnDecode {
+                        index: "end_reason".into(),
+                        source: format!("{text:?} is not a valid value").into(),
+                    })
+                })
+                .transpose()?,
         })
     }
 }
@@ -104,6 +114,7 @@ impl WorkRow {
             expires_at: self.expires_at,
             result: self.result.clone(),
             result_committed_at: self.result_committed_at,
+            end: self.end_reason,
         }
     }
 
@@ -142,7 +153,7 @@ impl WorkRow {
 const COLUMNS: &str = "id, environment_id, kind, session_id, metadata, state, row_version, claim_epoch, \
     token_sha256, claimed_at, created_at, acknowledged_at, started_at, latest_heartbeat_at, \
     previous_heartbeat_at, lease_expires_at, ttl_seconds, stop_requested_at, stopped_at, expires_at, \
-    result_status, result_message, result_committed_at";
+    result_status, result_message, result_committed_at, end_reason";
 
 pub struct NewWork<'a> {
     pub id: &'a str,
@@ -248,7 +259,7 @@ fn claim_sql() -> &'static str {
                  claimed_by = $2,
                  claimed_at = $3, acknowledged_at = NULL, started_at = NULL,
                  latest_heartbeat_at = NULL, previous_heartbeat_at = NULL,
-                 lease_expires_at = NULL, stop_requested_at = NULL,
+                 lease_expires_at = NULL, stop_requested_at = NULL, end_reason = NULL,
                  row_version = work.row_version + 1
              FROM candidate WHERE work.id = candidate.id
              RETURNING {}",
@@ -308,7 +319,7 @@ pub async fn compare_and_set(
              latest_heartbeat_at = $8, previous_heartbeat_at = $9, lease_expires_at = $10,
              ttl_seconds = $11, stop_requested_at = $12, stopped_at = $13,
              result_status = $14, result_message = $15, result_committed_at = $16,
-             row_version = row_version + 1
+             end_reason = $18, row_version = row_version + 1
          WHERE id = $1 AND row_version = $2 AND claim_epoch = $4
            AND ($17::text IS NULL OR EXISTS (SELECT 1 FROM fence))
          RETURNING {COLUMNS}"
@@ -331,6 +342,7 @@ pub async fn compare_and_set(
         .bind(next.result.as_ref().map(|r| r.message.as_str()))
         .bind(next.result_committed_at)
         .bind(key_fence)
+        .bind(next.end.map(WorkEnd::as_str))
         .fetch_optional(db)
         .await
 }

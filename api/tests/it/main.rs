@@ -14,6 +14,7 @@ mod concurrency;
 mod connections;
 mod credentials;
 mod environments_api;
+mod keepable;
 mod lifecycle_edges;
 mod memory_access;
 mod memory_api;

@@ -1564,7 +1564,7 @@ async fn claims_show_a_key_its_own_items_only(db: sqlx::PgPool) {
     assert_eq!(r.body["type"], "work_claims");
     assert_eq!(
         r.body["data"],
-        json!([{"id": mine, "state": "starting", "claim": 1, "stop_requested_at": null, "lease_lost": false}])
+        json!([{"id": mine, "state": "starting", "claim": 1, "stop_requested_at": null, "lease_lost": false, "keepable": false}])
     );
     // A stop shows at once, reconciled.
     app.stop_work(&mine, true).await;

@@ -1273,6 +1273,7 @@ mod tests {
             claim,
             stop_requested_at: None,
             lease_lost,
+            keepable: false,
         }
     }
 

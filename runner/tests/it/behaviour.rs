@@ -774,6 +774,14 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
         stored.stop_requested_at.is_some(),
         "the runner force-stopped it"
     );
+    let claims = supervisor
+        .claims(&api.env_id, std::slice::from_ref(&work.id))
+        .await
+        .unwrap();
+    assert!(
+        claims.data[0].keepable,
+        "its idle end is keepable: {claims:?}"
+    );
 
     // New input after the Work stopped makes a new activation.
     operator
@@ -804,6 +812,14 @@ async fn an_end_of_turn_idle_ends_the_runner_and_new_input_makes_a_new_activatio
     assert_eq!(text_of(&results[0]).trim(), "turn2");
     terminate(&db, &session_id).await;
     assert!(second.exits_within(WAIT).await.success());
+    let claims = supervisor
+        .claims(&api.env_id, std::slice::from_ref(&next.id))
+        .await
+        .unwrap();
+    assert!(
+        !claims.data[0].keepable,
+        "a terminated Session's end is not: {claims:?}"
+    );
     let listed = operator.list_work(&api.env_id).await.unwrap();
     assert_eq!(listed.len(), 2);
     assert!(listed.iter().all(|w| w.state == WorkState::Stopped));
