@@ -747,10 +747,14 @@ impl<L: Launcher> Shared<L> {
             let mut failed = image.is_none();
             let missing = if failed { 0 } else { self.warm.start_making() };
             let owner = self.config.worker_id.clone();
-            let made = futures::future::join_all((0..missing).map(|_| {
-                tokio::time::timeout(self.config.request_bound, self.launcher.create_warm(&owner))
-            }))
-            .await;
+            // Making one includes starting it: a Pod may first wait for a
+            // node and its image, as a cold one may before its hand-off.
+            let making_bound = self.config.request_bound + self.config.hand_off_bound;
+            let made =
+                futures::future::join_all((0..missing).map(|_| {
+                    tokio::time::timeout(making_bound, self.launcher.create_warm(&owner))
+                }))
+                .await;
             for result in made {
                 self.warm.made();
                 match result {

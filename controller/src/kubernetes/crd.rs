@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
     category = "mango",
     // The revision of this schema (`SCHEMA_REVISION`), which the controller
     // compares with the CRD the cluster serves.
-    annotation("mango.dev/schema", "2"),
+    annotation("mango.dev/schema", "3"),
     // The name is the `mango.dev/pool` label of every sandbox Pod.
     validation = Rule::new("self.metadata.name.size() <= 63").message("a WorkerPool's name is its sandbox Pods' mango.dev/pool label value: at most 63 characters"),
     doc = "A pool of hardened sandbox Pods serving one Mango Environment: one Pod per acknowledged Work item.",
@@ -125,10 +125,63 @@ pub struct WorkerPoolSpec {
     /// Additions to the sandbox Pod. None of them can weaken its hardening.
     #[serde(default)]
     pub pod: PodOverrides,
+    /// Warm Pods: started ahead, identity-less, bound to an item on Ack
+    /// (spec §7.1). Absent: every item starts cold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmPods>,
 }
 
 fn default_max_concurrency() -> u32 {
     4
+}
+
+/// The pool's warm (PVC, Pod) pairs.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmPods {
+    /// How many warm Pods to keep Running; 0: none.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
+    pub replicas: u32,
+    /// Seconds a warm Pod may wait for an item before it is replaced by a
+    /// new one. Default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub max_age: Option<u32>,
+}
+
+/// The most warm Pods a pool may keep.
+pub const MAX_WARM_REPLICAS: u32 = 100;
+/// `warm.maxAge`'s bounds and default, in seconds.
+pub const WARM_MAX_AGE_SECONDS: std::ops::RangeInclusive<u32> = 60..=86400;
+pub const DEFAULT_WARM_MAX_AGE_SECONDS: u32 = 3600;
+
+/// How long a Pod may take to be Running when the pool does not say.
+pub const DEFAULT_START_TIMEOUT_SECONDS: u32 = 120;
+
+impl WorkerPoolSpec {
+    /// How long a Pod may take to be Running (`startTimeoutSeconds`).
+    pub fn start_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.start_timeout_seconds
+                .unwrap_or(DEFAULT_START_TIMEOUT_SECONDS),
+        ))
+    }
+
+    /// How many warm Pods the pool keeps.
+    pub fn warm_replicas(&self) -> usize {
+        self.warm.as_ref().map_or(0, |w| w.replicas as usize)
+    }
+
+    /// How long a warm Pod may wait.
+    pub fn warm_max_age(&self) -> std::time::Duration {
+        let seconds = self
+            .warm
+            .as_ref()
+            .and_then(|w| w.max_age)
+            .unwrap_or(DEFAULT_WARM_MAX_AGE_SECONDS);
+        std::time::Duration::from_secs(u64::from(seconds))
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -300,7 +353,7 @@ fn conditions(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
 /// an older revision (Helm never upgrades `crds/`) would prune fields this
 /// controller relies on, or admit pools it refuses: the controller then
 /// runs no pool until the CRD is applied.
-pub const SCHEMA_REVISION: u32 = 2;
+pub const SCHEMA_REVISION: u32 = 3;
 pub const SCHEMA_ANNOTATION: &str = "mango.dev/schema";
 /// The CRD's name.
 pub const CRD_NAME: &str = "workerpools.mango.dev";
@@ -351,7 +404,7 @@ mod tests {
 
     /// Each revision's schema by the SHA-256 of its `openAPIV3Schema` (the
     /// first 16 hex digits), oldest first. Revision 1 had no annotation.
-    const SCHEMA_HISTORY: &[(u32, &str)] = &[(2, "9e41fb4737ceac50")];
+    const SCHEMA_HISTORY: &[(u32, &str)] = &[(2, "9e41fb4737ceac50"), (3, "33e1a1c2d34adfeb")];
 
     /// A schema change fails here until the revision is raised, so a
     /// controller always knows a CRD older than its own.

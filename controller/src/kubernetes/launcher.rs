@@ -5,13 +5,13 @@
 //! remove it. Create-only calls throughout, so one claim never gets two Pods.
 
 use crate::core::launcher::{
-    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
 };
 use crate::core::naming;
 use crate::core::secret::Secret;
 use crate::kubernetes::crd::WorkerPool;
 use crate::kubernetes::events::{self, PoolEvents};
-use crate::kubernetes::pod::{self, ANNOTATION_HANDED_OFF, CONTAINER};
+use crate::kubernetes::pod::{self, warm as warm_pod, ANNOTATION_HANDED_OFF, CONTAINER};
 use crate::kubernetes::pods::PodStore;
 use crate::kubernetes::validation::{self, InvalidLabel};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -22,6 +22,8 @@ use kube::{Api, Client, ResourceExt};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
+
+mod warm;
 
 const ENGINE: &str = "Kubernetes API";
 /// How long the attach may take, once stdin is closed, to report on its
@@ -59,6 +61,8 @@ pub struct PodLauncher {
     store: PodStore,
     hardening: HardeningReport,
     events: Option<PoolEvents>,
+    /// The api as warm Pods reach it; `None`: this launcher makes none.
+    warm_base_url: Option<String>,
 }
 
 /// The latest sandbox Pod's hardening as the API server stored it.
@@ -135,9 +139,24 @@ pub fn pod_manifest(
     spec: &SandboxSpec,
     default_image: &str,
 ) -> Result<Pod, LaunchError> {
-    let manifest = pod::sandbox_pod(pool, spec, default_image);
+    checked(pod::sandbox_pod(pool, spec, default_image))
+}
+
+/// [`pod_manifest`] on `workspace` (a Session's PVC of any name).
+pub fn pod_manifest_on(
+    pool: &WorkerPool,
+    spec: &SandboxSpec,
+    default_image: &str,
+    workspace: pod::Workspace<'_>,
+) -> Result<Pod, LaunchError> {
+    checked(pod::sandbox_pod_on(pool, spec, default_image, workspace))
+}
+
+/// `manifest`, unless the API server would refuse its labels.
+fn checked(manifest: Pod) -> Result<Pod, LaunchError> {
     if let Some(labels) = &manifest.metadata.labels {
-        validation::labels(labels).map_err(|e| invalid_label(&format!("Pod {}", spec.name), e))?;
+        validation::labels(labels)
+            .map_err(|e| invalid_label(&format!("Pod {}", manifest.name_any()), e))?;
     }
     Ok(manifest)
 }
@@ -189,7 +208,15 @@ impl PodLauncher {
             store,
             hardening: HardeningReport::default(),
             events: None,
+            warm_base_url: None,
         }
+    }
+
+    /// Makes warm Pods (the pool's `warm`, spec §7.1) whose runners reach
+    /// the api at `base_url`.
+    pub fn with_warm(mut self, base_url: &str) -> PodLauncher {
+        self.warm_base_url = Some(base_url.to_string());
+        self
     }
 
     /// Publishes on the pool, as Events, what the API server did not store
@@ -235,29 +262,137 @@ impl PodLauncher {
         }
     }
 
-    /// The Session's PVC, created if it is missing (one that exists is
-    /// kept as it is, whoever made it).
-    async fn ensure_pvc(&self, session_id: &str) -> Result<(), LaunchError> {
+    /// The Session's PVC: the one labelled with it (a warm Pod's PVC bound
+    /// to it has any name), else the one named for it, else a new one named
+    /// for it. One that exists is kept as it is, whoever made it.
+    async fn session_claim(&self, session_id: &str) -> Result<String, LaunchError> {
+        if let Some(found) = self.find_session_claim(session_id).await? {
+            return Ok(found);
+        }
         let name = pod::pvc_name(session_id);
         let claim = pvc_manifest(&self.pool, session_id)?;
-        let existing = self
-            .pvcs
-            .get_opt(&name)
-            .await
-            .map_err(|e| launch_error(&format!("reading PVC {name}"), e))?;
-        if existing.is_some() {
-            return Ok(());
-        }
         match self.pvcs.create(&PostParams::default(), &claim).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(name),
             // Made meanwhile (another activation of the Session): the same claim.
-            Err(err) if status_of(&err) == Some(409) => Ok(()),
+            Err(err) if status_of(&err) == Some(409) => Ok(name),
             Err(kube::Error::Api(status)) => Err(LaunchError::Workspace(format!(
                 "PVC {name}: the Kubernetes API answered {}: {}",
                 status.code, status.message
             ))),
             Err(err) => Err(launch_error(&format!("creating PVC {name}"), err)),
         }
+    }
+
+    /// The names of the PVCs labelled as Session `session_id`'s.
+    async fn labelled_claims(&self, session_id: &str) -> Result<Vec<String>, LaunchError> {
+        let selector = validation::selector(&[
+            (naming::LABEL_MANAGED_BY, naming::MANAGED_BY),
+            (naming::LABEL_SESSION_ID, session_id),
+        ])
+        .map_err(|e| invalid_label("listing the Session's PVC", e))?;
+        let listed = self
+            .pvcs
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| launch_error("listing the Session's PVC", e))?;
+        let mut names: Vec<String> = listed
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The Session's PVC if it has one: by label first, then by its name.
+    async fn find_session_claim(&self, session_id: &str) -> Result<Option<String>, LaunchError> {
+        if let Some(first) = self.labelled_claims(session_id).await?.into_iter().next() {
+            return Ok(Some(first));
+        }
+        let name = pod::pvc_name(session_id);
+        let existing = self
+            .pvcs
+            .get_opt(&name)
+            .await
+            .map_err(|e| launch_error(&format!("reading PVC {name}"), e))?;
+        Ok(existing.map(|_| name))
+    }
+
+    /// Attaches to Pod `pod`'s stdin only, writes `parts`, closes stdin, and
+    /// waits for the attach's own report of how it ended: only `Success`
+    /// counts. From 1.30 the API server accepts the WebSocket before it
+    /// reaches the kubelet, so a kubelet that cannot attach (the container
+    /// gone, the node unreachable, TLS) shows only as a `Failure` status on
+    /// the error channel: written bytes prove nothing. Any other end cannot
+    /// be retried (a `stdinOnce` stdin is spent; a waiting runner may hold
+    /// part of a line): the supervisor deletes the Pod. `what` names the
+    /// line in errors (`secret`, `envelope`), never its content.
+    async fn write_stdin(&self, pod: &str, parts: &[&[u8]], what: &str) -> Result<(), LaunchError> {
+        let params = AttachParams {
+            container: Some(CONTAINER.into()),
+            stdin: true,
+            stdout: false,
+            stderr: false,
+            tty: false,
+            ..AttachParams::default()
+        };
+        let mut attached = self
+            .pods
+            .attach(pod, &params)
+            .await
+            .map_err(|e| launch_error(&format!("attaching to Pod {pod}"), e))?;
+        let ended = attached
+            .take_status()
+            .ok_or_else(|| LaunchError::Failed("the attach gave no error channel".into()))?;
+        let mut stdin = attached
+            .stdin()
+            .ok_or_else(|| LaunchError::Failed("the attach gave no stdin".into()))?;
+        let written = async {
+            for part in parts {
+                stdin.write_all(part).await?;
+            }
+            stdin.flush().await?;
+            stdin.shutdown().await
+        }
+        .await;
+        drop(stdin);
+        let ended = tokio::time::timeout(ATTACH_STATUS_BOUND, ended).await;
+        // Whatever it said, the attach is over.
+        attached.abort();
+        match ended {
+            Ok(Some(status)) if status.status.as_deref() == Some("Success") => {}
+            Ok(Some(status)) => {
+                return Err(LaunchError::Failed(format!(
+                    "the attach to Pod {pod} failed: {}; the {what} was not delivered",
+                    describe(&status)
+                )))
+            }
+            Ok(None) => {
+                return Err(LaunchError::Failed(format!(
+                    "the attach to Pod {pod} closed without reporting how it ended, so the {what}'s delivery is unconfirmed (Kubernetes before 1.30 cannot close stdin alone)"
+                )))
+            }
+            Err(_) => {
+                return Err(LaunchError::Failed(format!(
+                    "the attach to Pod {pod} did not report how it ended within {} s of closing stdin, so the {what}'s delivery is unconfirmed",
+                    ATTACH_STATUS_BOUND.as_secs()
+                )))
+            }
+        }
+        written.map_err(|e| LaunchError::Failed(format!("writing the {what} to the Pod: {e}")))
+    }
+
+    /// Marks Pod `pod` handed off: a new leader adopts it.
+    async fn mark_handed_off(&self, pod: &str) -> Result<(), LaunchError> {
+        let mark = serde_json::json!({"metadata": {"annotations": {
+            ANNOTATION_HANDED_OFF: jiff::Timestamp::now().to_string()
+        }}});
+        self.pods
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&mark))
+            .await
+            .map_err(|e| launch_error(&format!("marking Pod {pod} handed off"), e))?;
+        Ok(())
     }
 }
 
@@ -368,10 +503,20 @@ impl Launcher for PodLauncher {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
-        let manifest = pod_manifest(&self.pool, spec, &self.default_image)?;
-        if let Some(session) = &spec.item.session_id {
-            self.ensure_pvc(session).await?;
-        }
+        // Refused before any request when the API server would refuse it.
+        let named = pod_manifest(&self.pool, spec, &self.default_image)?;
+        let manifest = match &spec.item.session_id {
+            Some(session) => {
+                let claim = self.session_claim(session).await?;
+                pod_manifest_on(
+                    &self.pool,
+                    spec,
+                    &self.default_image,
+                    pod::Workspace::Claim(&claim),
+                )?
+            }
+            None => named,
+        };
         match self.pods.create(&PostParams::default(), &manifest).await {
             Ok(stored) => {
                 // The answer is the Pod as stored, after defaulting and
@@ -390,15 +535,10 @@ impl Launcher for PodLauncher {
         }
     }
 
-    /// Once the container runs: attach stdin only, write the secret and a
-    /// newline, close stdin (`stdinOnce` turns the disconnect into EOF),
-    /// wait for the attach's own report of how it ended, and mark the Pod
-    /// handed off only when that is `Success`. From 1.30 the API server
-    /// accepts the WebSocket before it reaches the kubelet, so a kubelet
-    /// that cannot attach (the container gone, the node unreachable, TLS)
-    /// shows only as a `Failure` status on the error channel: written
-    /// bytes prove nothing. Any other end cannot be retried (the stdin is
-    /// spent): the supervisor deletes the Pod and leaves the lease to expire.
+    /// Once the container runs: the secret and a newline over a stdin-only
+    /// attach ([`PodLauncher::write_stdin`]; `stdinOnce` turns the
+    /// disconnect into EOF), and the Pod marked handed off only when the
+    /// attach reported `Success`. A failure leaves the lease to expire.
     async fn hand_off(&self, sandbox: &Sandbox, secret: Secret) -> Result<HandOff, LaunchError> {
         let mut seen = false;
         let started = match self
@@ -409,67 +549,17 @@ impl Launcher for PodLauncher {
             Start::Running(at) => at,
             Start::Cannot(why) => return Err(LaunchError::Failed(why)),
         };
-        let params = AttachParams {
-            container: Some(CONTAINER.into()),
-            stdin: true,
-            stdout: false,
-            stderr: false,
-            tty: false,
-            ..AttachParams::default()
-        };
-        let mut attached = self
-            .pods
-            .attach(&sandbox.name, &params)
-            .await
-            .map_err(|e| launch_error(&format!("attaching to Pod {}", sandbox.name), e))?;
-        let ended = attached
-            .take_status()
-            .ok_or_else(|| LaunchError::Failed("the attach gave no error channel".into()))?;
-        let mut stdin = attached
-            .stdin()
-            .ok_or_else(|| LaunchError::Failed("the attach gave no stdin".into()))?;
-        let written = async {
-            stdin.write_all(secret.expose().as_bytes()).await?;
-            stdin.write_all(b"\n").await?;
-            stdin.flush().await?;
-            stdin.shutdown().await
-        }
-        .await;
+        let written = self
+            .write_stdin(
+                &sandbox.name,
+                &[secret.expose().as_bytes(), b"\n"],
+                "secret",
+            )
+            .await;
         drop(secret);
-        drop(stdin);
-        let ended = tokio::time::timeout(ATTACH_STATUS_BOUND, ended).await;
-        // Whatever it said, the attach is over.
-        attached.abort();
-        let pod = &sandbox.name;
-        match ended {
-            Ok(Some(status)) if status.status.as_deref() == Some("Success") => {}
-            Ok(Some(status)) => {
-                return Err(LaunchError::Failed(format!(
-                    "the attach to Pod {pod} failed: {}; the secret was not delivered",
-                    describe(&status)
-                )))
-            }
-            Ok(None) => {
-                return Err(LaunchError::Failed(format!(
-                    "the attach to Pod {pod} closed without reporting how it ended, so the secret's delivery is unconfirmed (Kubernetes before 1.30 cannot close stdin alone)"
-                )))
-            }
-            Err(_) => {
-                return Err(LaunchError::Failed(format!(
-                    "the attach to Pod {pod} did not report how it ended within {} s of closing stdin, so the secret's delivery is unconfirmed",
-                    ATTACH_STATUS_BOUND.as_secs()
-                )))
-            }
-        }
-        written.map_err(|e| LaunchError::Failed(format!("writing the secret to the Pod: {e}")))?;
+        written?;
         let delivered = Instant::now();
-        let mark = serde_json::json!({"metadata": {"annotations": {
-            ANNOTATION_HANDED_OFF: jiff::Timestamp::now().to_string()
-        }}});
-        self.pods
-            .patch(&sandbox.name, &PatchParams::default(), &Patch::Merge(&mark))
-            .await
-            .map_err(|e| launch_error(&format!("marking Pod {} handed off", sandbox.name), e))?;
+        self.mark_handed_off(&sandbox.name).await?;
         Ok(HandOff { started, delivered })
     }
 
@@ -501,10 +591,17 @@ impl Launcher for PodLauncher {
             ..DeleteParams::default()
         };
         match self.pods.delete(&sandbox.name, &params).await {
-            Ok(_) => Ok(()),
-            Err(err) if status_of(&err) == Some(404) => Ok(()),
-            Err(err) => Err(launch_error(&format!("deleting Pod {}", sandbox.name), err)),
+            Ok(_) => {}
+            Err(err) if status_of(&err) == Some(404) => {}
+            Err(err) => return Err(launch_error(&format!("deleting Pod {}", sandbox.name), err)),
         }
+        // A warm Pod that served a healthcheck: its PVC was never a
+        // Session's, and goes with it (its owner reference would take it
+        // too, once the garbage collector gets to it).
+        if sandbox.item.session_id.is_none() && sandbox.name.starts_with(warm_pod::WARM_PREFIX) {
+            self.delete_if_unbound(&self.pvcs, &sandbox.name).await?;
+        }
+        Ok(())
     }
 
     async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
@@ -525,12 +622,58 @@ impl Launcher for PodLauncher {
             .collect())
     }
 
+    /// Every PVC labelled as the Session's, and the one named for it.
     async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
-        let name = pod::pvc_name(session_id);
-        match self.pvcs.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(err) if status_of(&err) == Some(404) => Ok(()),
-            Err(err) => Err(launch_error(&format!("deleting PVC {name}"), err)),
+        let mut names = self.labelled_claims(session_id).await?;
+        names.push(pod::pvc_name(session_id));
+        for name in names {
+            match self.pvcs.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(err) if status_of(&err) == Some(404) => {}
+                Err(err) => return Err(launch_error(&format!("deleting PVC {name}"), err)),
+            }
         }
+        Ok(())
+    }
+
+    async fn warm_image(&self) -> Result<Option<String>, LaunchError> {
+        Ok(self.warm_template())
+    }
+
+    async fn create_warm(&self, _owner: &str) -> Result<Warm, LaunchError> {
+        self.make_warm().await
+    }
+
+    async fn existing_warm(&self, _owner: &str) -> Result<Vec<Warm>, LaunchError> {
+        self.list_warm().await
+    }
+
+    async fn has_workspace(&self, session_id: &str) -> Result<bool, LaunchError> {
+        Ok(self.find_session_claim(session_id).await?.is_some())
+    }
+
+    async fn bind(&self, warm: &Warm, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        self.bind_warm(warm, spec).await
+    }
+
+    /// The envelope over a stdin-only attach, checked as the cold hand-off
+    /// is ([`PodLauncher::write_stdin`]), then the Pod marked handed off.
+    async fn deliver(&self, sandbox: &Sandbox, envelope: Secret) -> Result<Instant, LaunchError> {
+        let written = self
+            .write_stdin(&sandbox.name, &[envelope.expose().as_bytes()], "envelope")
+            .await;
+        drop(envelope);
+        written?;
+        let delivered = Instant::now();
+        self.mark_handed_off(&sandbox.name).await?;
+        Ok(delivered)
+    }
+
+    async fn wait_warm(&self, handle: &str) -> Result<SandboxExit, LaunchError> {
+        self.wait_for_warm(handle).await
+    }
+
+    async fn remove_warm(&self, warm: &Warm) -> Result<(), LaunchError> {
+        self.remove_unbound(&warm.name).await
     }
 }

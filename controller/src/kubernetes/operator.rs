@@ -38,7 +38,6 @@ pub const FIELD_MANAGER: &str = "mango-controller";
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
 /// How often orphans are swept and supervisors of deleted pools stopped.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(30);
-const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Failure classes of a reconcile (the metric label is the variant).
 #[derive(Debug, thiserror::Error)]
@@ -272,15 +271,20 @@ impl Context {
         pools
             .state()
             .iter()
-            .map(|p| (p.name_any(), (p.uid().unwrap_or_default(), start_bound(p))))
+            .map(|p| {
+                let bounds = sweep::PoolBounds {
+                    uid: p.uid().unwrap_or_default(),
+                    start_bound: start_bound(p),
+                    warm_wait: pod::warm::runner_wait(p),
+                };
+                (p.name_any(), bounds)
+            })
             .collect()
     }
 }
 
 fn start_bound(pool: &WorkerPool) -> Duration {
-    pool.spec
-        .start_timeout_seconds
-        .map_or(DEFAULT_START_TIMEOUT, |s| Duration::from_secs(u64::from(s)))
+    pool.spec.start_timeout()
 }
 
 /// The pool's Environment key, or why there is none to use.
@@ -392,10 +396,12 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     .with_events(ctx.events(pool));
     let hardening = launcher.hardening();
     let sandbox_api = sandbox_api_url(pool, ctx.settings.default_sandbox_api_url.as_deref(), &api);
+    let launcher = launcher.with_warm(&sandbox_api);
     let mut config = Config::new(&pool.spec.environment_id, &sandbox_api);
     config.pool = name.clone();
     config.max_concurrency = pool.spec.max_concurrency as usize;
     config.hand_off_bound = start_bound(pool);
+    config.warm = pool.spec.warm_replicas();
     config.worker_id = format!("{}/{}", ctx.settings.instance, name);
     let stats = mango_client::Client::new(&api, key.expose());
     let supervisor =

@@ -5,7 +5,9 @@
 
 use crate::core::launcher::SandboxSpec;
 use crate::core::naming;
-use crate::kubernetes::crd::{AccessMode, PodOverrides, WorkerPool};
+use crate::kubernetes::crd::{
+    AccessMode, PodOverrides, WorkerPool, MAX_WARM_REPLICAS, WARM_MAX_AGE_SECONDS,
+};
 use crate::kubernetes::validation;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim,
@@ -28,7 +30,7 @@ pub const SANDBOX_UID: i64 = 65534;
 /// Set once the secret was delivered: a running Pod without it never got
 /// its secret, and is not adopted.
 pub const ANNOTATION_HANDED_OFF: &str = "mango.dev/handed-off";
-const DEFAULT_DEADLINE_SECONDS: i64 = 24 * 3600;
+pub const DEFAULT_DEADLINE_SECONDS: i64 = 24 * 3600;
 /// The Pod's `terminationGracePeriodSeconds`: the supervisor's stopping
 /// grace, so the kubelet's SIGTERM leaves the runner the time a graceful
 /// Stop does, whoever deletes or evicts the Pod.
@@ -109,6 +111,36 @@ pub fn validate(pool: &WorkerPool) -> Result<(), InvalidPool> {
     if let Some(class) = &spec.runtime_class_name {
         validation::dns1123_subdomain(class)
             .map_err(|e| invalid("runtimeClassName", format!("names a RuntimeClass: {e}")))?;
+    }
+    if let Some(warm) = &spec.warm {
+        if warm.replicas > MAX_WARM_REPLICAS {
+            return Err(invalid(
+                "warm.replicas",
+                format!("must be 0 to {MAX_WARM_REPLICAS}"),
+            ));
+        }
+        if let Some(age) = warm.max_age {
+            if !WARM_MAX_AGE_SECONDS.contains(&age) {
+                return Err(invalid(
+                    "warm.maxAge",
+                    format!(
+                        "must be {} to {} seconds",
+                        WARM_MAX_AGE_SECONDS.start(),
+                        WARM_MAX_AGE_SECONDS.end()
+                    ),
+                ));
+            }
+        }
+        // A warm Pod's deadline is the item's plus the longest wait.
+        if warm::item_deadline(pool) + warm::runner_wait(pool).as_secs() as i64 > MAX_POD_INT {
+            return Err(invalid(
+                "warm.maxAge",
+                format!(
+                    "plus {} s plus activeDeadlineSeconds must be at most {MAX_POD_INT}",
+                    warm::RUNNER_WAIT_SLACK.as_secs()
+                ),
+            ));
+        }
     }
     check_overrides(&spec.pod)
 }
@@ -294,8 +326,55 @@ fn container_security(uid: i64, gid: i64) -> SecurityContext {
     }
 }
 
-/// The Pod for one item of `pool`: `image` when the pool names none.
+/// What a sandbox Pod mounts at `/workspace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workspace<'a> {
+    /// A PVC: a Session's, or a warm Pod's own.
+    Claim(&'a str),
+    /// A healthcheck's: memory-backed, gone with the Pod.
+    Ephemeral,
+}
+
+/// The Pod for one item of `pool`: `image` when the pool names none, the
+/// Session's PVC under its name from [`pvc_name`].
 pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod {
+    let claim = sandbox.item.session_id.as_deref().map(pvc_name);
+    let workspace = match &claim {
+        Some(claim) => Workspace::Claim(claim),
+        None => Workspace::Ephemeral,
+    };
+    sandbox_pod_on(pool, sandbox, image, workspace)
+}
+
+/// The Pod for one item of `pool` on `workspace` (a Session's PVC found
+/// by label may have any name).
+pub fn sandbox_pod_on(
+    pool: &WorkerPool,
+    sandbox: &SandboxSpec,
+    image: &str,
+    workspace: Workspace<'_>,
+) -> Pod {
+    build(
+        pool,
+        &sandbox.name,
+        &sandbox.labels,
+        &sandbox.env,
+        image,
+        workspace,
+    )
+}
+
+/// The hardened Pod named `name` with these labels and runner env.
+fn build(
+    pool: &WorkerPool,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    env: &[(String, String)],
+    image: &str,
+    workspace: Workspace<'_>,
+) -> Pod {
+    let sandbox_labels = labels;
+    let sandbox_env = env;
     let spec = &pool.spec;
     let overrides = &spec.pod;
     let uid = overrides.run_as_user.unwrap_or(SANDBOX_UID);
@@ -303,11 +382,11 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
     let fs_group = overrides.fs_group.unwrap_or(gid);
 
     let mut labels: BTreeMap<String, String> = overrides.labels.clone();
-    labels.extend(sandbox.labels.clone());
+    labels.extend(sandbox_labels.clone());
     let annotations = (!overrides.annotations.is_empty()).then(|| overrides.annotations.clone());
 
     let mut env: Vec<EnvVar> = overrides.env.clone();
-    env.extend(sandbox.env.iter().map(|(name, value)| EnvVar {
+    env.extend(sandbox_env.iter().map(|(name, value)| EnvVar {
         name: name.clone(),
         value: Some(value.clone()),
         value_from: None,
@@ -322,17 +401,17 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
         .tmp_size_limit
         .clone()
         .unwrap_or_else(|| Quantity(DEFAULT_TMP.into()));
-    let workspace = match &sandbox.item.session_id {
-        Some(session) => Volume {
+    let persistent = matches!(workspace, Workspace::Claim(_));
+    let workspace = match workspace {
+        Workspace::Claim(claim) => Volume {
             name: "workspace".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: pvc_name(session),
+                claim_name: claim.to_string(),
                 read_only: Some(false),
             }),
             ..Default::default()
         },
-        // A healthcheck's workspace: memory-backed, gone with the Pod.
-        None => Volume {
+        Workspace::Ephemeral => Volume {
             name: "workspace".into(),
             empty_dir: Some(EmptyDirVolumeSource {
                 medium: Some("Memory".into()),
@@ -350,8 +429,9 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
         ..Default::default()
     };
     // Session Work mounts its Memory Stores here: empty at every activation
-    // (they are downloaded afresh), gone with the Pod.
-    let memory = sandbox.item.session_id.as_ref().map(|_| Volume {
+    // (they are downloaded afresh), gone with the Pod. A warm Pod may serve
+    // a Session, so it has one too.
+    let memory = persistent.then(|| Volume {
         name: "memory".into(),
         empty_dir: Some(EmptyDirVolumeSource {
             medium: None,
@@ -383,7 +463,7 @@ pub fn sandbox_pod(pool: &WorkerPool, sandbox: &SandboxSpec, image: &str) -> Pod
 
     Pod {
         metadata: ObjectMeta {
-            name: Some(sandbox.name.clone()),
+            name: Some(name.to_string()),
             namespace: pool.namespace(),
             labels: Some(labels),
             annotations,
@@ -522,6 +602,8 @@ pub fn hardening_not_stored(sent: &Pod, stored: &Pod) -> Vec<String> {
         })
         .collect()
 }
+
+pub mod warm;
 
 #[cfg(test)]
 mod tests;

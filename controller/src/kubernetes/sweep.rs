@@ -7,9 +7,13 @@
 //! * a Pod whose pool is gone (the owner reference lets Kubernetes collect
 //!   it too; the sweep does not wait for that);
 //! * a Pod whose hand-off never completed, once its start bound is over
-//!   (its secret can never arrive: `stdinOnce` is spent or never used).
+//!   (its secret can never arrive: `stdinOnce` is spent or never used),
+//!   counted from its binding for a warm Pod that was bound;
+//! * a warm Pod past the longest its runner waits (its pool's `warm.maxAge`
+//!   and the slack): its supervisor would have replaced it long before.
 
 use crate::core::naming;
+use crate::kubernetes::pod::warm::{self as warm_pod, ANNOTATION_BOUND_AT};
 use crate::kubernetes::pod::ANNOTATION_HANDED_OFF;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
@@ -26,6 +30,7 @@ pub enum Orphan {
     Finished,
     PoolGone,
     NeverHandedOff,
+    WarmExpired,
 }
 
 impl Orphan {
@@ -34,12 +39,23 @@ impl Orphan {
             Orphan::Finished => "finished",
             Orphan::PoolGone => "pool_gone",
             Orphan::NeverHandedOff => "never_handed_off",
+            Orphan::WarmExpired => "warm_expired",
         }
     }
 }
 
-/// The pools that exist, by name: their uid and their hand-off bound.
-pub type Pools = HashMap<String, (String, Duration)>;
+/// What the sweep needs of a pool that exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolBounds {
+    pub uid: String,
+    /// From a Pod's creation (or binding) to its hand-off.
+    pub start_bound: Duration,
+    /// The longest a warm Pod's runner waits ([`warm_pod::runner_wait`]).
+    pub warm_wait: Duration,
+}
+
+/// The pools that exist, by name.
+pub type Pools = HashMap<String, PoolBounds>;
 
 /// Whether `pod` is an orphan at `now` (a Unix time).
 pub fn verdict(pod: &Pod, pools: &Pools, now: jiff::Timestamp) -> Option<Orphan> {
@@ -57,10 +73,10 @@ pub fn verdict(pod: &Pod, pools: &Pools, now: jiff::Timestamp) -> Option<Orphan>
         .iter()
         .find(|o| o.kind == "WorkerPool")
         .map(|o| o.uid.as_str());
-    let Some((uid, start_bound)) = pools.get(pool) else {
+    let Some(bounds) = pools.get(pool) else {
         return Some(Orphan::PoolGone);
     };
-    if owner_uid.is_some_and(|o| o != uid) {
+    if owner_uid.is_some_and(|o| o != bounds.uid) {
         // A pool of the same name made again: not this Pod's owner.
         return Some(Orphan::PoolGone);
     }
@@ -80,10 +96,18 @@ pub fn verdict(pod: &Pod, pools: &Pools, now: jiff::Timestamp) -> Option<Orphan>
         let since = finished.or(created)?;
         return (age(&since) >= FINISHED_GRACE).then_some(Orphan::Finished);
     }
+    let created = pod.creation_timestamp()?.0;
+    if warm_pod::is_unbound(pod.labels()) {
+        // It waits for an envelope by design, until its runner gives up.
+        return (age(&created) >= bounds.warm_wait + FINISHED_GRACE).then_some(Orphan::WarmExpired);
+    }
     if !pod.annotations().contains_key(ANNOTATION_HANDED_OFF) {
-        let created = pod.creation_timestamp()?.0;
+        let bound_at = pod
+            .annotations()
+            .get(ANNOTATION_BOUND_AT)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok());
         // The supervisor gives up (and deletes it) at its bound; a minute more.
-        if age(&created) >= *start_bound + FINISHED_GRACE {
+        if age(&bound_at.unwrap_or(created)) >= bounds.start_bound + FINISHED_GRACE {
             return Some(Orphan::NeverHandedOff);
         }
     }
@@ -156,7 +180,14 @@ mod tests {
     }
 
     fn pools() -> Pools {
-        Pools::from([("p".into(), ("uid-p".into(), Duration::from_secs(120)))])
+        Pools::from([(
+            "p".into(),
+            PoolBounds {
+                uid: "uid-p".into(),
+                start_bound: Duration::from_secs(120),
+                warm_wait: Duration::from_secs(3660),
+            },
+        )])
     }
 
     const HANDED: &str =
@@ -227,6 +258,48 @@ mod tests {
                 "{phase}"
             );
         }
+    }
+
+    #[test]
+    fn a_warm_pod_waits_until_its_runner_would_give_up() {
+        let warm = pod(
+            "p",
+            "uid-p",
+            "Running",
+            json!({"metadata": {"labels": {"mango.dev/warm": "true"}}}),
+        );
+        // Created 10:00:00; its runner waits 3660 s, the sweep a minute more.
+        assert_eq!(verdict(&warm, &pools(), at("2026-12-01T11:01:59Z")), None);
+        assert_eq!(
+            verdict(&warm, &pools(), at("2026-12-01T11:02:00Z")),
+            Some(Orphan::WarmExpired)
+        );
+        let gone = pod(
+            "q",
+            "uid-q",
+            "Running",
+            json!({"metadata": {"labels": {"mango.dev/warm": "true"}}}),
+        );
+        assert_eq!(
+            verdict(&gone, &pools(), at("2026-12-01T10:00:01Z")),
+            Some(Orphan::PoolGone)
+        );
+    }
+
+    #[test]
+    fn a_bound_warm_pods_hand_off_bound_counts_from_its_binding() {
+        let bound = pod(
+            "p",
+            "uid-p",
+            "Running",
+            json!({"metadata": {"labels": {"mango.dev/work-id": "work_1"},
+                "annotations": {"mango.dev/bound-at": "2026-12-01T10:30:00Z"}}}),
+        );
+        assert_eq!(verdict(&bound, &pools(), at("2026-12-01T10:32:59Z")), None);
+        assert_eq!(
+            verdict(&bound, &pools(), at("2026-12-01T10:33:00Z")),
+            Some(Orphan::NeverHandedOff)
+        );
     }
 
     #[test]

@@ -122,8 +122,16 @@ async fn run_container(
     };
     std::fs::create_dir_all(&workspace).unwrap();
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mango-worker"));
+    command.arg("item");
+    // A warm Pod's command waits for its envelope (`mango-runner --wait …`).
+    let runner_args = spec["containers"][0]["command"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .skip(1)
+        .filter_map(|a| a.as_str());
+    command.args(runner_args);
     command
-        .arg("item")
         .env_clear()
         .stdin(std::process::Stdio::piped())
         .kill_on_drop(true);

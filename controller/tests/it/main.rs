@@ -19,6 +19,7 @@ mod k8s_strict_launcher;
 mod k8s_strict_leader;
 mod k8s_strict_operator;
 mod k8s_strict_pools;
+mod k8s_strict_warm;
 mod k8s_strict_workspace;
 mod kube_mock;
 mod local;

@@ -298,7 +298,11 @@ async fn the_orphan_sweep_deletes_finished_poolless_and_never_handed_off_pods_on
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, NS);
     let pools: sweep::Pools = [(
         "builders".to_string(),
-        ("pool-uid".to_string(), Duration::from_secs(120)),
+        sweep::PoolBounds {
+            uid: "pool-uid".to_string(),
+            start_bound: Duration::from_secs(120),
+            warm_wait: Duration::from_secs(3660),
+        },
     )]
     .into();
     let pod = |name: &str, pool: &str, created: &str, phase: &str, handed_off: bool| {

@@ -26,6 +26,7 @@ fn pool() -> WorkerPool {
             active_deadline_seconds: None,
             start_timeout_seconds: None,
             pod: PodOverrides::default(),
+            warm: None,
         },
     );
     pool.metadata.namespace = Some("sandboxes".into());
@@ -653,4 +654,170 @@ fn pool_without_host_users() -> WorkerPool {
     let mut pool = pool();
     pool.spec.pod.host_users = None;
     pool
+}
+
+fn hardening_of(pod: &Pod) -> serde_json::Value {
+    let mut pod = serde_json::to_value(pod).unwrap();
+    let spec = &mut pod["spec"];
+    spec.as_object_mut()
+        .unwrap()
+        .remove("activeDeadlineSeconds");
+    spec.as_object_mut().unwrap().remove("volumes");
+    let runner = spec["containers"][0].as_object_mut().unwrap();
+    for field in ["command", "stdinOnce", "env"] {
+        runner.remove(field);
+    }
+    pod["spec"].clone()
+}
+
+#[test]
+fn a_warm_pod_is_hardened_as_a_cold_one_with_no_identity_and_stdin_kept_open() {
+    let mut pool = pool();
+    pool.spec.warm = Some(crate::kubernetes::crd::WarmPods {
+        replicas: 2,
+        max_age: Some(600),
+    });
+    let warm = warm::warm_pod(&pool, "mango-warm-00ff", "img:1", "http://api:8080");
+    let cold = sandbox_pod(&pool, &sandbox(Some("sesn_1")), "img:1");
+    assert_eq!(
+        hardening_of(&warm),
+        hardening_of(&cold),
+        "the same Pod but for its runner's command, env, stdinOnce, deadline and PVC"
+    );
+    let spec = warm.spec.as_ref().unwrap();
+    let runner = &spec.containers[0];
+    assert_eq!((runner.stdin, runner.stdin_once), (Some(true), Some(false)));
+    assert_eq!(
+        cold.spec.as_ref().unwrap().containers[0].stdin_once,
+        Some(true),
+        "a cold Pod keeps stdinOnce"
+    );
+    assert_eq!(
+        runner.command.as_deref(),
+        Some(
+            &[
+                "/usr/local/bin/mango-runner".to_string(),
+                "--wait".into(),
+                "--wait-timeout-seconds".into(),
+                "660".into()
+            ][..]
+        )
+    );
+    let env: Vec<(&str, &str)> = runner
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("MANGO_BASE_URL", "http://api:8080"),
+            ("MANGO_WORKSPACE", WORKSPACE)
+        ]
+    );
+    assert_eq!(
+        spec.active_deadline_seconds,
+        Some(DEFAULT_DEADLINE_SECONDS + 660),
+        "the longest wait, then a whole item"
+    );
+    let labels = warm.metadata.labels.as_ref().unwrap();
+    assert_eq!(
+        labels.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            naming::LABEL_MANAGED_BY,
+            naming::LABEL_POOL,
+            warm::LABEL_WARM
+        ],
+        "no work, Session or environment label"
+    );
+    let claims: Vec<&str> = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.as_str())
+        .collect();
+    assert_eq!(claims, ["mango-warm-00ff"], "its own PVC");
+    let pvc = warm::warm_pvc(&pool, "mango-warm-00ff", Some("pod-uid"));
+    let owner = &pvc.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Pod", "pod-uid")
+    );
+    assert!(!pvc
+        .metadata
+        .labels
+        .as_ref()
+        .unwrap()
+        .contains_key(naming::LABEL_SESSION_ID));
+}
+
+#[test]
+fn the_warm_template_names_what_a_warm_pod_is_made_from_not_its_name() {
+    let pool = pool();
+    let template = |pool: &WorkerPool, name: &str, image: &str| {
+        warm::warm_pod(pool, name, image, "http://api:8080")
+            .metadata
+            .annotations
+            .unwrap()[warm::ANNOTATION_TEMPLATE]
+            .clone()
+    };
+    let first = template(&pool, "mango-warm-1", "img:1");
+    assert_eq!(first.len(), 16);
+    assert_eq!(first, template(&pool, "mango-warm-2", "img:1"));
+    assert_ne!(first, template(&pool, "mango-warm-1", "img:2"), "the image");
+    let mut resized = pool.clone();
+    resized.spec.workspace.size = Some(Quantity("5Gi".into()));
+    assert_ne!(
+        first,
+        template(&resized, "mango-warm-1", "img:1"),
+        "the PVC"
+    );
+    let mut limited = pool.clone();
+    limited.spec.active_deadline_seconds = Some(60);
+    assert_ne!(
+        first,
+        template(&limited, "mango-warm-1", "img:1"),
+        "the Pod"
+    );
+}
+
+#[test]
+fn warm_bounds_are_refused_past_their_edges() {
+    use crate::kubernetes::crd::WarmPods;
+    let with = |replicas: u32, max_age: Option<u32>| {
+        let mut pool = pool();
+        pool.spec.warm = Some(WarmPods { replicas, max_age });
+        validate(&pool).map_err(|e| e.to_string())
+    };
+    assert_eq!(with(0, None), Ok(()));
+    assert_eq!(with(100, Some(60)), Ok(()));
+    assert_eq!(with(1, Some(86400)), Ok(()));
+    assert_eq!(
+        with(101, None),
+        Err("spec.warm.replicas: must be 0 to 100".into())
+    );
+    assert_eq!(
+        with(1, Some(59)),
+        Err("spec.warm.maxAge: must be 60 to 86400 seconds".into())
+    );
+    assert_eq!(
+        with(1, Some(86401)),
+        Err("spec.warm.maxAge: must be 60 to 86400 seconds".into())
+    );
+    let mut long = pool();
+    long.spec.active_deadline_seconds = Some(MAX_POD_INT - 3600 - 60);
+    long.spec.warm = Some(WarmPods {
+        replicas: 1,
+        max_age: None,
+    });
+    assert_eq!(validate(&long), Ok(()));
+    long.spec.active_deadline_seconds = Some(MAX_POD_INT - 3600 - 59);
+    assert!(validate(&long)
+        .unwrap_err()
+        .to_string()
+        .contains("warm.maxAge"));
 }
