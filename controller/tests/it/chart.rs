@@ -503,6 +503,13 @@ fn sandbox_pods(pool: &WorkerPool) -> Vec<k8s_openapi::api::core::v1::Pod> {
             };
             pod::sandbox_pod(pool, &spec, "mango-sandbox:0.1.0")
         })
+        // A warm Pod, identity-less while it waits for its envelope.
+        .chain([pod::warm::warm_pod(
+            pool,
+            "mango-warm-1",
+            "mango-sandbox:0.1.0",
+            pool.spec.api_url.as_deref().unwrap_or(API_URL),
+        )])
         .collect()
 }
 
