@@ -127,10 +127,21 @@ async fn run_scenarios(system: &Arc<system::System>, names: &[Name]) -> anyhow::
     system.start_worker(system::Launcher::Docker).await?;
     system.start_worker(system::Launcher::Local).await?;
     let mut summary = Summary::default();
+    // A scenario that could not go on ends the run: the system it leaves
+    // is not one the next scenario's fault is meant for.
     for name in names {
         let started = Instant::now();
         println!("faults: {} …", name.label());
-        let outcome = scenarios::run(system, *name).await?;
+        let outcome = match scenarios::run(system, *name).await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                summary.failures.push(format!(
+                    "{}: the scenario could not go on: {err:#}",
+                    name.label()
+                ));
+                break;
+            }
+        };
         let v = &outcome.verdict;
         let worst = outcome.reclaims.iter().map(|r| r.1).fold(0.0, f64::max);
         println!(

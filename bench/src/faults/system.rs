@@ -488,8 +488,27 @@ impl System {
             }
         };
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = self.logs.join(format!("{name}.log"));
+        let polling = |log: &Path| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .matches("\"supervisor polling\"")
+                .count()
+        };
+        let before = polling(&log);
         let proc = Proc::spawn(name, &self.bin("mango-worker"), &args, &env, &self.logs)?;
         self.workers.lock().unwrap().push((launcher, proc));
+        // Ready once it polls: a signal before then (its handlers are not
+        // yet installed) would be a different fault from the one meant.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while polling(&log) <= before {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the {launcher:?} supervisor did not start polling within 60 s"
+            );
+            // Poll interval of this deadline loop.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         Ok(())
     }
 
