@@ -198,7 +198,17 @@ async fn key_revoked(system: &Arc<System>) -> anyhow::Result<Outcome> {
                     Launcher::Local => "worker-local",
                 };
                 let log = s.logs.join(format!("{name}.log"));
-                until_logged(&log, "refused the Environment key", Duration::from_secs(20)).await?;
+                // Logged when its poll is refused, or, when its claims watch
+                // met the refusal first and its items ended, as it exits.
+                until_logged(
+                    &log,
+                    &[
+                        "refused the Environment key",
+                        "no longer accepts MANGO_ENVIRONMENT_KEY",
+                    ][..],
+                    Duration::from_secs(30),
+                )
+                .await?;
             }
             // What the operator does: the old supervisors go (as a crash, so
             // their sandboxes stay), new ones start with the new key and adopt them.
@@ -232,16 +242,23 @@ async fn key_revoked(system: &Arc<System>) -> anyhow::Result<Outcome> {
     Ok(outcome)
 }
 
-async fn until_logged(log: &std::path::Path, text: &str, within: Duration) -> anyhow::Result<()> {
+async fn until_logged(
+    log: &std::path::Path,
+    any_of: &[&str],
+    within: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
         let seen = std::fs::read_to_string(log).unwrap_or_default();
-        if seen.lines().any(|l| l.contains(text)) {
+        if seen
+            .lines()
+            .any(|l| any_of.iter().any(|text| l.contains(text)))
+        {
             return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{} never logged {text:?}",
+            "{} never logged any of {any_of:?}",
             log.display()
         );
         // Poll interval of this deadline loop.
