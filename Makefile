@@ -1,5 +1,5 @@
 # The two entry points. See README.md.
-.PHONY: run test bench bench-inputs bench-supervisor bench-controller
+.PHONY: run test bench bench-inputs bench-supervisor bench-controller faults
 
 # Serve the API on the embedded default database, with an Environment, keys and a healthcheck.
 run:
@@ -41,3 +41,13 @@ bench-supervisor:
 bench-controller:
 	@cargo build --release -q -p mango-bench --bin mango-bench
 	@target/release/mango-bench controller
+
+# The fault suite (debug build, about 10 minutes, needs Docker): two api
+# processes, both supervisors and a scripted model under load, one fault per
+# scenario, the invariants after each (docs/reliability.md). Its own
+# PostgreSQL cluster (.mango/faults-pg, port MANGO_FAULTS_PG_PORT, 54339).
+faults:
+	@cargo build -q -p mango-api -p mango-controller -p mango-runner -p mango-bench \
+		--bin mango --bin mango-worker --bin mango-runner --bin mango-bench
+	@MANGO_SANDBOX_IMAGE=mango-sandbox:faults scripts/sandbox-image.sh >/dev/null
+	@MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:faults target/debug/mango-bench faults

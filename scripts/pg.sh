@@ -3,13 +3,22 @@
 # Installs PostgreSQL from the OS packages when no server binaries exist.
 # Used by `make run`, `make test` and .ci/run.
 #   MANGO_PG_PORT  the port, exactly (failing if something else holds it).
+#   MANGO_PG_STATE the folder the cluster lives in (default: .mango of this
+#                  checkout), so a suite can own a cluster it restarts.
+# `scripts/pg.sh stop|restart [fast|immediate|smart]` stops or restarts the
+# running cluster with that shutdown mode (default fast), then prints its URL
+# (restart) or nothing (stop).
 # Without it the cluster keeps the port it last ran on, 54329 at first; when
 # something other than this checkout's cluster holds that port (another
 # checkout's cluster, say), a free port is picked, said on stderr, and kept
 # for this checkout, so every later call prints the same URL.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-STATE="$ROOT/.mango"
+STATE="${MANGO_PG_STATE:-$ROOT/.mango}"
+ACTION="${1:-start}"
+MODE="${2:-fast}"
+case "$ACTION" in start | stop | restart) ;; *) echo "pg.sh: unknown action $ACTION (start, stop or restart)" >&2; exit 2 ;; esac
+case "$MODE" in fast | immediate | smart) ;; *) echo "pg.sh: unknown shutdown mode $MODE (fast, immediate or smart)" >&2; exit 2 ;; esac
 DATA="$STATE/pg/data"
 SOCK="$STATE/pg/run"
 DEFAULT_PORT=54329
@@ -49,7 +58,8 @@ if [ "$(id -u)" = 0 ]; then
   # A checkout under a private home (e.g. /root) is not reachable by `postgres`;
   # keep the cluster in a system folder named after the checkout instead.
   if ! runuser -u postgres -- test -w "$DATA"; then
-    ALT="/var/lib/mango-dev/$(echo -n "$ROOT" | sha256sum | cut -c1-12)"
+    OWNER="$ROOT"; [ -n "${MANGO_PG_STATE:-}" ] && OWNER="$STATE"
+    ALT="/var/lib/mango-dev/$(echo -n "$OWNER" | sha256sum | cut -c1-12)"
     log "$STATE is not reachable by the postgres user; using $ALT"
     mkdir -p "$ALT/data" "$ALT/run"
     chown -R postgres: "$ALT"
@@ -71,6 +81,15 @@ free_port() {
 }
 
 RUNNING="$(running_port || true)"
+if [ "$ACTION" = stop ] || [ "$ACTION" = restart ]; then
+  if [ -n "$RUNNING" ]; then
+    log "stopping PostgreSQL on 127.0.0.1:$RUNNING (mode $MODE)"
+    "${AS[@]}" "$BINDIR/pg_ctl" -D "$DATA" -m "$MODE" -w -t 60 stop >/dev/null
+  fi
+  [ "$ACTION" = stop ] && exit 0
+  RUNNING=""
+  [ -z "${MANGO_PG_PORT:-}" ] && [ -f "$PORT_FILE" ] && MANGO_PG_PORT="$(cat "$PORT_FILE")"
+fi
 if [ -n "${MANGO_PG_PORT:-}" ]; then
   PORT="$MANGO_PG_PORT"
   if [ -n "$RUNNING" ] && [ "$RUNNING" != "$PORT" ]; then

@@ -48,6 +48,7 @@
 mod controller;
 mod depth;
 mod events;
+mod faults;
 mod harness;
 mod http;
 mod inputs;
@@ -171,6 +172,20 @@ struct Cli {
     /// medians are compared.
     #[arg(long, default_value_t = 3, global = true)]
     input_rounds: usize,
+    /// The fault suite's scenarios, comma-separated (default: all, in order).
+    #[arg(long, value_delimiter = ',', global = true)]
+    faults_scenarios: Vec<faults::Name>,
+    /// The port of the fault suite's own PostgreSQL cluster (which it restarts).
+    #[arg(
+        long,
+        env = "MANGO_FAULTS_PG_PORT",
+        default_value_t = 54339,
+        global = true
+    )]
+    faults_pg_port: u16,
+    /// The lease TTL the fault suite's api processes give (seconds, 5 to 300).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=300), global = true)]
+    faults_ttl_seconds: u64,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -207,6 +222,11 @@ enum Command {
     /// (needs target/release/mango-runner and mango-worker; the Docker half
     /// needs an engine and --sandbox-image). Not part of `all`.
     Supervisor,
+    /// The fault suite (`make faults`): the real binaries under load, one
+    /// fault per scenario, the invariants after each (needs Docker,
+    /// --sandbox-image and the debug or release `mango`, `mango-worker`
+    /// and `mango-runner` beside this binary). Not part of `all`.
+    Faults,
 }
 
 #[derive(Default)]
@@ -424,6 +444,53 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fault suite: its own cluster and processes, not the bench's
+/// in-process api; the last line, and a failure for each broken invariant.
+async fn run_faults(cli: &Cli) -> std::process::ExitCode {
+    let bin_dir = match std::env::current_exe() {
+        Ok(exe) => exe
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default(),
+        Err(err) => {
+            eprintln!("error: where is this binary? {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let opts = faults::Options {
+        repo: std::env::current_dir().unwrap_or_default(),
+        bin_dir,
+        image: cli.sandbox_image.clone(),
+        pg_port: cli.faults_pg_port,
+        ttl_seconds: cli.faults_ttl_seconds,
+        scenarios: if cli.faults_scenarios.is_empty() {
+            faults::Name::all()
+        } else {
+            cli.faults_scenarios.clone()
+        },
+    };
+    let repo = opts.repo.clone();
+    let started = std::time::Instant::now();
+    match faults::run(opts).await {
+        Ok(summary) => {
+            for failure in &summary.failures {
+                eprintln!("faults: FAILED {failure}");
+            }
+            println!("faults: {:.0} s", started.elapsed().as_secs_f64());
+            println!("{}", summary.line(&repo));
+            if summary.failures.is_empty() {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MANGO_LOG")
@@ -438,6 +505,9 @@ async fn main() -> std::process::ExitCode {
     if let Err(err) = check(&cli) {
         eprintln!("error: {err:#}");
         return std::process::ExitCode::FAILURE;
+    }
+    if command == Command::Faults {
+        return run_faults(&cli).await;
     }
     if command == Command::Controller {
         let opts = controller::Options {

@@ -99,6 +99,9 @@ struct Common {
     /// With --drain: how long running items get before their sandboxes are removed.
     #[arg(long, env = "MANGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     shutdown_grace_seconds: u64,
+    /// How often the workspaces of deleted Sessions are looked for and removed.
+    #[arg(long, env = "MANGO_WORKSPACE_SWEEP_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    workspace_sweep_seconds: u64,
 }
 
 /// Where `/metrics` is served unless told otherwise.
@@ -112,6 +115,7 @@ impl Common {
         config.pool = self.pool.clone();
         config.shutdown_grace = Duration::from_secs(self.shutdown_grace_seconds);
         config.warm = self.warm as usize;
+        config.workspace_sweep_every = Duration::from_secs(self.workspace_sweep_seconds);
         if let Some(worker_id) = &self.worker_id {
             config.worker_id = worker_id.clone();
         }

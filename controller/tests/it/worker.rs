@@ -77,3 +77,36 @@ async fn mango_worker_local_runs_a_healthcheck_and_exits_on_sigterm(db: sqlx::Pg
     assert!(text.contains("NOT a security boundary"), "{text}");
     assert_no_secret("the supervisor's log", &text);
 }
+
+/// `--workspace-sweep-seconds` takes 1 to 86400: 0 and 86401 are refused
+/// at start (exit status 2) with the flag named.
+#[tokio::test]
+async fn a_workspace_sweep_period_outside_its_range_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("MANGO_ENVIRONMENT_KEY", "mango_envk_unused".to_string()),
+        ("MANGO_ENVIRONMENT_ID", "env_unused".to_string()),
+        ("MANGO_BASE_URL", "http://127.0.0.1:9".to_string()),
+    ];
+    for value in ["0", "86401"] {
+        let log = dir.path().join(format!("sweep-{value}.log"));
+        let mut worker = Worker::start(
+            &[
+                "local",
+                "--root",
+                dir.path().to_str().unwrap(),
+                "--workspace-sweep-seconds",
+                value,
+            ],
+            &env,
+            &log,
+        );
+        let status = worker.exit(Duration::from_secs(10)).await;
+        let text = worker.log();
+        assert_eq!(status.code(), Some(2), "{value}: {text}");
+        assert!(
+            text.contains("--workspace-sweep-seconds"),
+            "{value}: {text}"
+        );
+    }
+}

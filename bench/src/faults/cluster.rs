@@ -1,0 +1,72 @@
+//! The suite's own PostgreSQL cluster (`scripts/pg.sh` with its own state
+//! folder and port), so that a scenario can restart it without touching the
+//! cluster every other test uses.
+
+use anyhow::Context;
+use std::path::PathBuf;
+
+pub struct Cluster {
+    script: PathBuf,
+    state: PathBuf,
+    port: u16,
+    /// `postgres://…/mango`: the suite creates its run's database beside it.
+    pub admin_url: String,
+}
+
+/// How PostgreSQL is told to stop (`pg_ctl -m`).
+#[derive(Clone, Copy, Debug)]
+pub enum Shutdown {
+    /// Sessions rolled back, a clean checkpoint.
+    Fast,
+    /// No checkpoint: crash recovery at the next start.
+    Immediate,
+}
+
+impl Shutdown {
+    fn as_str(self) -> &'static str {
+        match self {
+            Shutdown::Fast => "fast",
+            Shutdown::Immediate => "immediate",
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts (or finds running) the cluster in `state` on `port`.
+    pub async fn start(script: PathBuf, state: PathBuf, port: u16) -> anyhow::Result<Cluster> {
+        let mut cluster = Cluster {
+            script,
+            state,
+            port,
+            admin_url: String::new(),
+        };
+        cluster.admin_url = cluster.pg(&["start"]).await?;
+        Ok(cluster)
+    }
+
+    /// Stops it with `mode` and starts it again on the same port.
+    pub async fn restart(&self, mode: Shutdown) -> anyhow::Result<()> {
+        self.pg(&["restart", mode.as_str()]).await.map(drop)
+    }
+
+    pub async fn stop(&self) -> anyhow::Result<()> {
+        self.pg(&["stop", "fast"]).await.map(drop)
+    }
+
+    async fn pg(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = tokio::process::Command::new(&self.script)
+            .args(args)
+            .env("MANGO_PG_STATE", &self.state)
+            .env("MANGO_PG_PORT", self.port.to_string())
+            .output()
+            .await
+            .with_context(|| format!("running {}", self.script.display()))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{} {args:?}: {}",
+            self.script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}

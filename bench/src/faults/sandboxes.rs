@@ -1,0 +1,233 @@
+//! What the suite sees of its sandboxes: the Docker pool's containers and
+//! volumes, the local pool's records and workspaces; every container's
+//! output followed into the run's logs from the moment it appears (a
+//! container is gone with its logs once its supervisor removes it).
+
+use super::system::{DOCKER_POOL, LOCAL_POOL, WORKSPACE_BYTES};
+use bollard::query_parameters::{
+    ListContainersOptions, ListVolumesOptions, LogsOptions, RemoveContainerOptions,
+    RemoveVolumeOptions,
+};
+use bollard::Docker;
+use futures::StreamExt;
+use mango_controller::core::naming::{
+    LABEL_CLAIM, LABEL_MANAGED_BY, LABEL_POOL, LABEL_SESSION_ID, LABEL_WORK_ID,
+};
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A live sandbox of an item: which pool, Work, claim.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Live {
+    pub pool: &'static str,
+    pub work_id: String,
+    pub claim: i64,
+}
+
+async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::ContainerSummary> {
+    docker
+        .list_containers(Some(ListContainersOptions {
+            all,
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![format!("{LABEL_POOL}={DOCKER_POOL}")],
+            )])),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_or_default()
+}
+
+/// The running containers and live local runners that serve an item.
+pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
+    let mut out = Vec::new();
+    for c in containers(docker, false).await {
+        let labels = c.labels.unwrap_or_default();
+        if let (Some(work), Some(claim)) = (labels.get(LABEL_WORK_ID), labels.get(LABEL_CLAIM)) {
+            out.push(Live {
+                pool: DOCKER_POOL,
+                work_id: work.clone(),
+                claim: claim.parse().unwrap_or(-1),
+            });
+        }
+    }
+    for record in local_records(local_root) {
+        let labels = &record["labels"];
+        let pid = record["pid"].as_i64().unwrap_or(0) as i32;
+        let lives =
+            pid > 0 && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
+        if let (true, Some(work)) = (lives, labels[LABEL_WORK_ID].as_str()) {
+            out.push(Live {
+                pool: LOCAL_POOL,
+                work_id: work.to_string(),
+                claim: labels[LABEL_CLAIM]
+                    .as_str()
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(-1),
+            });
+        }
+    }
+    out
+}
+
+fn local_records(root: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_dir(root.join("sandboxes"))
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .filter_map(|t| serde_json::from_str(&t).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What is left of `sessions`: containers, volumes and local workspaces
+/// (and local sandbox records) that name one of them.
+pub async fn leftovers(
+    docker: &Docker,
+    local_root: &Path,
+    sessions: &HashSet<String>,
+) -> Vec<String> {
+    let mut left = Vec::new();
+    for c in containers(docker, true).await {
+        let labels = c.labels.unwrap_or_default();
+        if labels
+            .get(LABEL_SESSION_ID)
+            .is_some_and(|s| sessions.contains(s))
+        {
+            left.push(format!(
+                "container {}",
+                c.names.unwrap_or_default().join(",")
+            ));
+        }
+    }
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![LABEL_SESSION_ID.to_string()],
+            )])),
+        }))
+        .await
+        .map(|v| v.volumes.unwrap_or_default())
+        .unwrap_or_default();
+    for v in volumes {
+        if v.labels
+            .get(LABEL_SESSION_ID)
+            .is_some_and(|s| sessions.contains(s))
+        {
+            left.push(format!("volume {}", v.name));
+        }
+    }
+    for session in sessions {
+        if local_root.join("sessions").join(session).exists() {
+            left.push(format!("local workspace of {session}"));
+        }
+    }
+    for record in local_records(local_root) {
+        if record["labels"][LABEL_SESSION_ID]
+            .as_str()
+            .is_some_and(|s| sessions.contains(s))
+        {
+            left.push(format!(
+                "local sandbox record of {}",
+                record["labels"][LABEL_WORK_ID]
+            ));
+        }
+    }
+    left
+}
+
+/// Follows the output of every container of the Docker pool into
+/// `logs/container-<name>.log`, until the returned handle is dropped.
+pub fn follow_container_logs(docker: Docker, logs: PathBuf) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let followed: Arc<Mutex<HashSet<String>>> = Arc::default();
+        loop {
+            for c in containers(&docker, true).await {
+                let Some(id) = c.id.clone() else { continue };
+                if !followed.lock().unwrap().insert(id.clone()) {
+                    continue;
+                }
+                let name = c
+                    .names
+                    .unwrap_or_default()
+                    .first()
+                    .map(|n| n.trim_start_matches('/').to_string())
+                    .unwrap_or_else(|| id.clone());
+                let path = logs.join(format!("container-{name}.log"));
+                let docker = docker.clone();
+                tokio::spawn(async move {
+                    let Ok(mut file) = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                    else {
+                        return;
+                    };
+                    let mut stream = docker.logs(
+                        &id,
+                        Some(LogsOptions {
+                            follow: true,
+                            stdout: true,
+                            stderr: true,
+                            ..Default::default()
+                        }),
+                    );
+                    while let Some(Ok(chunk)) = stream.next().await {
+                        let _ = file.write_all(&chunk.into_bytes());
+                    }
+                });
+            }
+            // Poll interval: a container lives at least as long as its
+            // runner's first heartbeat, far longer than this.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+}
+
+/// Removes every container of the suite's Docker pool and every volume
+/// the suite's supervisors made (with their bounded filesystems).
+pub async fn remove_all(docker: &Docker, scratch: &Path) {
+    for c in containers(docker, true).await {
+        let _ = docker
+            .remove_container(
+                c.id.as_deref().unwrap_or_default(),
+                Some(RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await;
+    }
+    let workspaces = mango_controller::docker::workspace::Workspaces::new(
+        &scratch.join("workspaces"),
+        WORKSPACE_BYTES,
+    );
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![format!("{LABEL_MANAGED_BY}=mango-worker")],
+            )])),
+        }))
+        .await
+        .map(|v| v.volumes.unwrap_or_default())
+        .unwrap_or_default();
+    for v in volumes {
+        let ours = v.labels.get(LABEL_POOL).is_some_and(|p| p == DOCKER_POOL)
+            || v.mountpoint.starts_with(&*scratch.to_string_lossy())
+            || v.options
+                .values()
+                .any(|val| val.contains(&*scratch.to_string_lossy()));
+        if ours {
+            let _ = docker
+                .remove_volume(&v.name, None::<RemoveVolumeOptions>)
+                .await;
+            let _ = workspaces.remove(&v.name).await;
+        }
+    }
+}
