@@ -2,6 +2,7 @@
 //! queued in the Environment (plus whatever stopped history earlier phases
 //! left, which the claim's partial index never sees).
 
+use crate::chart::Chart;
 use crate::harness::Bench;
 use crate::measure::{ms, percentile};
 use mango_api::store::work;
@@ -18,6 +19,7 @@ pub struct Options {
 pub struct DepthResult {
     pub small_p50_ms: f64,
     pub large_p50_ms: f64,
+    pub chart: Chart,
 }
 
 impl DepthResult {
@@ -36,7 +38,11 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<DepthResu
     );
     bench.seed(opts.small).await?;
     bench.vacuum().await?;
-    let (small_cycle, small_poll) = at_depth(bench, opts).await?;
+    let mut chart = Chart::new(
+        "depth",
+        "depth: one worker's poll → ack at a shallow and a deep queue",
+    );
+    let (small_cycle, small_poll) = at_depth(bench, opts, &mut chart).await?;
 
     let queued = bench.count_rows("state = 'queued'").await?;
     let t = Instant::now();
@@ -47,12 +53,13 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<DepthResu
         opts.large,
         t.elapsed().as_secs_f64()
     );
-    let (large_cycle, large_poll) = at_depth(bench, opts).await?;
+    let (large_cycle, large_poll) = at_depth(bench, opts, &mut chart).await?;
     bench.clear_live().await?;
 
     let result = DepthResult {
         small_p50_ms: small_cycle,
         large_p50_ms: large_cycle,
+        chart,
     };
     println!(
         "depth: poll → ack p50 {:.2} ms at {} vs {:.2} ms at {}: depth_ratio {:.3} (poll alone: {:.3})",
@@ -66,8 +73,13 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<DepthResu
     Ok(result)
 }
 
-/// Measures at the current depth; returns p50 of (poll → ack, poll alone) in ms.
-async fn at_depth(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<(f64, f64)> {
+/// Measures at the current depth, charting its cycles and polls; returns
+/// p50 of (poll → ack, poll alone) in ms.
+async fn at_depth(
+    bench: &Arc<Bench>,
+    opts: &Options,
+    chart: &mut Chart,
+) -> anyhow::Result<(f64, f64)> {
     let depth = bench.count_rows("state = 'queued'").await?;
     let stopped = bench.count_rows("state = 'stopped'").await?;
     if opts.profile {
@@ -97,6 +109,8 @@ async fn at_depth(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<(f64, f6
             acks.push(ms(acked));
         }
     }
+    chart.case(format!("poll → ack, {depth} queued"), &cycles);
+    chart.case(format!("poll, {depth} queued"), &polls);
     let cycle_p50 = percentile(&mut cycles, 50.0);
     let poll_p50 = percentile(&mut polls, 50.0);
     println!(

@@ -8,6 +8,7 @@
 //!   send request; a sample is, per (event, reader), that instant → the frame
 //!   arriving at the reader. Every reader must receive every event.
 
+use crate::chart::Chart;
 use crate::harness::Bench;
 use crate::http::Api;
 use crate::measure::{ms, percentile, CpuSample};
@@ -46,6 +47,7 @@ pub struct EventsResult {
     pub admitted_one_session_per_s: f64,
     pub fanout_p50_ms: f64,
     pub fanout_p99_ms: f64,
+    pub chart: Chart,
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -68,7 +70,15 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<EventsRes
     for _ in 0..opts.senders {
         own.push(api.create_session(&agent, &bench.app.env_id).await?);
     }
-    let admitted_per_s = admission(bench, &api, opts, own).await?;
+    let mut chart = Chart::new(
+        "events",
+        format!(
+            "events: admission by {} senders, and fan-out to {} SSE readers",
+            opts.senders, opts.readers
+        ),
+    );
+    let admitted_per_s =
+        admission(bench, &api, opts, own, ("send, own Sessions", &mut chart)).await?;
     println!(
         "events admission: {admitted_per_s:.1} events/s, Sessions of their own (target ≥ {TARGET_ADMITTED_PER_S:.0}: {})",
         verdict(admitted_per_s >= TARGET_ADMITTED_PER_S)
@@ -79,18 +89,26 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<EventsRes
         opts.senders
     );
     let one = api.create_session(&agent, &bench.app.env_id).await?;
-    let admitted_one_session_per_s = admission(bench, &api, opts, vec![one; opts.senders]).await?;
+    let admitted_one_session_per_s = admission(
+        bench,
+        &api,
+        opts,
+        vec![one; opts.senders],
+        ("send, one Session", &mut chart),
+    )
+    .await?;
     println!(
         "events admission: {admitted_one_session_per_s:.1} events/s, one Session (target ≥ {TARGET_ADMITTED_PER_S:.0}: {})",
         verdict(admitted_one_session_per_s >= TARGET_ADMITTED_PER_S)
     );
 
-    let (fanout_p50_ms, fanout_p99_ms) = fanout(bench, &api, &agent, opts).await?;
+    let (fanout_p50_ms, fanout_p99_ms) = fanout(bench, &api, &agent, opts, &mut chart).await?;
     Ok(EventsResult {
         admitted_per_s,
         admitted_one_session_per_s,
         fanout_p50_ms,
         fanout_p99_ms,
+        chart,
     })
 }
 
@@ -112,12 +130,14 @@ struct Run {
 }
 
 /// Sender `i` sends to `sessions[i]` until stopped; returns the admitted
-/// events per second inside the measured window.
+/// events per second inside the measured window, and charts their round
+/// trips as the named case.
 async fn admission(
     bench: &Arc<Bench>,
     api: &Api,
     opts: &Options,
     sessions: Vec<String>,
+    (case, chart): (&str, &mut Chart),
 ) -> anyhow::Result<f64> {
     let run = Arc::new(Run {
         stop: AtomicBool::new(false),
@@ -176,6 +196,7 @@ async fn admission(
         bail!("events admission: no event was admitted in the measured window");
     }
     let mut rtts = std::mem::take(&mut *rtts.lock().expect("rtts"));
+    chart.case(case, &rtts);
     println!(
         "  {admitted} events in {elapsed:.2} s; send round trip p50 {:.2} ms, p99 {:.2} ms",
         percentile(&mut rtts, 50.0),
@@ -205,6 +226,7 @@ async fn fanout(
     api: &Api,
     agent: &str,
     opts: &Options,
+    chart: &mut Chart,
 ) -> anyhow::Result<(f64, f64)> {
     let total = (opts.rate * opts.fanout_seconds).round().max(1.0) as usize;
     println!(
@@ -327,6 +349,11 @@ async fn fanout(
     if duplicates > 0 {
         println!("  error: {duplicates} frames delivered an event a reader already had");
     }
+    chart.case(format!("fan-out send, {:.0}/s", opts.rate), &rtts);
+    chart.case(
+        format!("fan-out send → frame, {} readers", seen.len()),
+        &samples,
+    );
     if samples.is_empty() {
         bail!("events fan-out: no reader received any event");
     }

@@ -34,6 +34,7 @@
 //! ([`crate::harness::scratch_root`], a tmpfs where there is one), so that
 //! what is compared is the workers' work, not the disk's.
 
+use crate::chart::Chart;
 use crate::harness::Bench;
 use crate::http::{Api, Claim};
 use crate::measure::percentile;
@@ -125,6 +126,31 @@ impl InputsResult {
     /// The runner's peak RSS while materializing, over every round.
     fn runner_rss_mib(&self) -> f64 {
         peak(&self.runner.skills_rss_mib)
+    }
+
+    /// Each stage's times over the rounds, ours beside the SDK's.
+    pub fn chart(&self, opts: &Options) -> Chart {
+        let mut chart = Chart::new(
+            "inputs",
+            format!(
+                "inputs: {} Skills, a {}-memory store, one idle sync; {} rounds",
+                opts.skills, opts.memories, opts.rounds
+            ),
+        );
+        type Stage = fn(&Figures) -> &[f64];
+        let stages: [(&str, Stage); 3] = [
+            ("Skills materialized", |f| &f.skills_ms),
+            ("store downloaded", |f| &f.download_ms),
+            ("idle sync", |f| &f.idle_sync_ms),
+        ];
+        for (stage, samples) in stages {
+            chart.case(format!("{stage}: mango-runner"), samples(&self.runner));
+            match &self.sdk {
+                Some(sdk) => chart.case(format!("{stage}: SDK"), samples(sdk)),
+                None => chart.case(format!("{stage}: SDK (skipped)"), &[]),
+            }
+        }
+        chart
     }
 
     pub fn line(&self) -> String {

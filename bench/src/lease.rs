@@ -3,6 +3,7 @@
 //! one such cycle, run directly (store functions + the pure lease rules) by N
 //! tasks against the same database, with no HTTP in between.
 
+use crate::chart::Chart;
 use crate::harness::Bench;
 use crate::http::Api;
 use crate::measure::{ms, summary, CpuSample};
@@ -33,6 +34,8 @@ pub struct Options {
 pub struct LeaseResult {
     pub cycles_per_s: f64,
     pub ceiling_cycles_per_s: f64,
+    /// Each step's latency, over HTTP and SQL only.
+    pub chart: Chart,
 }
 
 impl LeaseResult {
@@ -60,9 +63,14 @@ impl Steps {
             mine.extend(theirs);
         }
     }
-    fn print(mut self, indent: &str) {
+    fn print(&mut self, indent: &str) {
         for (name, samples) in self.names.iter().zip(self.samples.iter_mut()) {
             println!("{indent}{name:<22} {}", summary(samples));
+        }
+    }
+    fn chart_into(&self, chart: &mut Chart, side: &str) {
+        for (name, samples) in self.names.iter().zip(&self.samples) {
+            chart.case(format!("{side} {name}"), samples);
         }
     }
 }
@@ -86,7 +94,7 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<LeaseResu
     bench.vacuum().await?;
     // Workers over HTTP run on the client threads with a client of their own.
     let api = bench.api.with_new_client()?;
-    let http = measure(bench, &bench.client, opts, "http", move |i, run| {
+    let mut http = measure(bench, &bench.client, opts, "http", move |i, run| {
         http_worker(api.clone(), i, run)
     })
     .await?;
@@ -116,7 +124,7 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<LeaseResu
         reclaim: Settings::default().default_reclaim,
     });
     let here = tokio::runtime::Handle::current();
-    let ceiling = measure(bench, &here, opts, "sql", move |_, run| {
+    let mut ceiling = measure(bench, &here, opts, "sql", move |_, run| {
         sql_worker(shared.clone(), run)
     })
     .await?;
@@ -130,9 +138,19 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<LeaseResu
         }
     }
 
+    let mut chart = Chart::new(
+        "lease",
+        format!(
+            "lease: step latency, {} workers over HTTP vs the same SQL only",
+            opts.workers
+        ),
+    );
+    http.1.chart_into(&mut chart, "http");
+    ceiling.1.chart_into(&mut chart, "sql");
     let result = LeaseResult {
         cycles_per_s: http.0,
         ceiling_cycles_per_s: ceiling.0,
+        chart,
     };
     println!(
         "lease: {:.1} cycles/s, ceiling {:.1} cycles/s, ceiling_ratio {:.3}",

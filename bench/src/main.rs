@@ -45,6 +45,7 @@
 //! supervisor_rss_mib=… concurrent_ok=20/20`, `n/a` for a skipped Docker half).
 //! The database is dropped at the end.
 
+mod chart;
 mod controller;
 mod depth;
 mod events;
@@ -186,6 +187,10 @@ struct Cli {
     /// The lease TTL the fault suite's api processes give (seconds, 5 to 300).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=300), global = true)]
     faults_ttl_seconds: u64,
+    /// Where each phase's latency chart goes, as `<phase>.svg` (made if
+    /// missing); its path is printed after the phase's figures.
+    #[arg(long, default_value = "target/bench", global = true)]
+    svg_dir: std::path::PathBuf,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -325,6 +330,13 @@ impl Summary {
     }
 }
 
+/// Writes a phase's chart into `--svg-dir` and says where.
+fn write_chart(cli: &Cli, chart: &chart::Chart) -> anyhow::Result<()> {
+    let path = chart.write(&cli.svg_dir)?;
+    println!("{}: chart {}", chart.stem, path.display());
+    Ok(())
+}
+
 async fn run(
     cli: &Cli,
     bench: &Arc<Bench>,
@@ -340,7 +352,9 @@ async fn run(
             warmup: cli.warmup,
             profile: cli.profile,
         };
-        summary.lease = Some(lease::run(bench, &opts).await?);
+        let lease = lease::run(bench, &opts).await?;
+        write_chart(cli, &lease.chart)?;
+        summary.lease = Some(lease);
     }
     if all || command == Command::Wake {
         let opts = wake::Options {
@@ -348,7 +362,9 @@ async fn run(
             samples: cli.wake_samples,
             interval: Duration::from_millis(cli.wake_interval_ms),
         };
-        summary.wake = Some(wake::run(bench, &opts).await?);
+        let wake = wake::run(bench, &opts).await?;
+        write_chart(cli, &wake.chart)?;
+        summary.wake = Some(wake);
     }
     if all || command == Command::Depth {
         let opts = depth::Options {
@@ -357,7 +373,9 @@ async fn run(
             polls: cli.depth_polls,
             profile: cli.profile,
         };
-        summary.depth = Some(depth::run(bench, &opts).await?);
+        let depth = depth::run(bench, &opts).await?;
+        write_chart(cli, &depth.chart)?;
+        summary.depth = Some(depth);
     }
     if all || command == Command::Events {
         let opts = events::Options {
@@ -368,7 +386,9 @@ async fn run(
             rate: cli.fanout_rate,
             fanout_seconds: cli.fanout_seconds,
         };
-        summary.events = Some(events::run(bench, &opts).await?);
+        let events = events::run(bench, &opts).await?;
+        write_chart(cli, &events.chart)?;
+        summary.events = Some(events);
     }
     if all || command == Command::Runner {
         let opts = runner::Options {
@@ -382,7 +402,9 @@ async fn run(
             }
             rounds.push(runner::run(bench, &opts).await?);
         }
-        summary.runner = Some(runner::across_rounds(rounds));
+        let runner = runner::across_rounds(rounds);
+        write_chart(cli, &runner.chart())?;
+        summary.runner = Some(runner);
     }
     if command == Command::Supervisor {
         let opts = supervisor::Options {
@@ -390,7 +412,9 @@ async fn run(
             warmup: cli.supervisor_warmup,
             concurrent: cli.supervisor_concurrent,
         };
-        summary.supervisor = Some(supervisor::run(bench, &opts, docker).await?);
+        let supervisor = supervisor::run(bench, &opts, docker).await?;
+        write_chart(cli, &supervisor.chart())?;
+        summary.supervisor = Some(supervisor);
     }
     if command == Command::Inputs {
         let opts = inputs::Options {
@@ -398,7 +422,9 @@ async fn run(
             memories: cli.input_memories,
             rounds: cli.input_rounds,
         };
-        summary.inputs = Some(inputs::run(bench, &opts).await?);
+        let inputs = inputs::run(bench, &opts).await?;
+        write_chart(cli, &inputs.chart(&opts))?;
+        summary.inputs = Some(inputs);
     }
     Ok(summary)
 }
@@ -441,6 +467,10 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
         cli.input_memories > 0 && cli.input_rounds > 0,
         "--input-memories and --input-rounds must be at least 1"
     );
+    // Before any phase runs, so an unusable folder costs no bench time.
+    std::fs::create_dir_all(&cli.svg_dir).map_err(|e| {
+        anyhow::anyhow!("--svg-dir {}: cannot create it: {e}", cli.svg_dir.display())
+    })?;
     Ok(())
 }
 

@@ -24,6 +24,7 @@
 //! interleaved blocks: this machine's speed drifts by tens of percent over
 //! minutes, and sides measured one after the other would compare machines.
 
+use crate::chart::Chart;
 use crate::events::frame_end;
 use crate::harness::Bench;
 use crate::http::Api;
@@ -64,6 +65,7 @@ pub struct Side {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub rss_mib: f64,
+    pub samples_ms: Vec<f64>,
 }
 
 pub struct RunnerResult {
@@ -74,6 +76,21 @@ pub struct RunnerResult {
 }
 
 impl RunnerResult {
+    /// The round trips of this round's three sides.
+    pub fn chart(&self) -> Chart {
+        let mut chart = Chart::new(
+            "runner",
+            "runner: a bash tool call's round trip, mango-runner vs the SDK's worker",
+        );
+        chart.case("floor (the bench answers)", &self.floor.samples_ms);
+        chart.case("mango-runner", &self.runner.samples_ms);
+        match &self.sdk {
+            Some(sdk) => chart.case("SDK EnvironmentWorker", &sdk.samples_ms),
+            None => chart.case("SDK EnvironmentWorker (skipped)", &[]),
+        }
+        chart
+    }
+
     /// Ours / the SDK's p50 round trip.
     pub fn p50_ratio(&self) -> Option<f64> {
         self.sdk.as_ref().map(|s| self.runner.p50_ms / s.p50_ms)
@@ -654,6 +671,7 @@ impl Participant {
             p50_ms: p50,
             p99_ms: p99,
             rss_mib,
+            samples_ms: std::mem::take(&mut self.samples),
         })
     }
 }

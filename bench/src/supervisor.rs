@@ -30,6 +30,7 @@
 //! Without a Docker engine (or without the image) the Docker half is
 //! reported as skipped and the local half still runs.
 
+use crate::chart::Chart;
 use crate::harness::Bench;
 use crate::measure::{ms, percentile};
 use anyhow::{bail, Context};
@@ -181,6 +182,9 @@ impl std::fmt::Display for Spread {
 pub struct LauncherResult {
     pub first_beat: Spread,
     pub healthcheck: Spread,
+    /// The samples behind the two spreads.
+    pub first_beat_ms: Vec<f64>,
+    pub healthcheck_ms: Vec<f64>,
     /// Healthchecks created at once that succeeded, of how many.
     pub concurrent_ok: (usize, usize),
     /// `VmHWM` of `mango-worker` with the live sandboxes up, and over its run.
@@ -192,10 +196,30 @@ pub struct SupervisorResult {
     pub docker: Option<LauncherResult>,
     /// The bare container's create → exit, Docker only.
     pub floor: Option<Spread>,
+    pub floor_ms: Vec<f64>,
     pub local: LauncherResult,
 }
 
 impl SupervisorResult {
+    /// Each launcher's two figures, and the bare container beside Docker's.
+    pub fn chart(&self) -> Chart {
+        let mut chart = Chart::new(
+            "supervisor",
+            "supervisor: healthchecks one at a time, per launcher",
+        );
+        match &self.docker {
+            Some(d) => {
+                chart.case("docker: poll → first heartbeat", &d.first_beat_ms);
+                chart.case("docker: bare container create → exit", &self.floor_ms);
+                chart.case("docker: create → succeeded", &d.healthcheck_ms);
+            }
+            None => chart.case("docker (skipped)", &[]),
+        }
+        chart.case("local: poll → first heartbeat", &self.local.first_beat_ms);
+        chart.case("local: create → succeeded", &self.local.healthcheck_ms);
+        chart
+    }
+
     pub fn docker_ratio(&self) -> Option<f64> {
         Some(self.docker.as_ref()?.first_beat.p50 / self.floor?.p50)
     }
@@ -572,10 +596,16 @@ async fn concurrent(
     Ok((times.len(), spread))
 }
 
+/// The items' poll → first beat and create → succeeded, in ms.
+fn distributions(samples: &[Sample]) -> (Vec<f64>, Vec<f64>) {
+    let first = samples.iter().map(|s| s.first_beat_ms).collect();
+    let check = samples.iter().map(|s| s.healthcheck_ms).collect();
+    (first, check)
+}
+
 /// Prints the items' figures; returns (poll → first beat, create → succeeded).
 fn report(label: &str, samples: &[Sample]) -> (Spread, Spread) {
-    let first: Vec<f64> = samples.iter().map(|s| s.first_beat_ms).collect();
-    let check: Vec<f64> = samples.iter().map(|s| s.healthcheck_ms).collect();
+    let (first, check) = distributions(samples);
     let (first, check) = (Spread::of(&first), Spread::of(&check));
     println!(
         "supervisor: {label}: over {} items: poll → first heartbeat {first}; healthcheck create → succeeded {check}",
@@ -972,6 +1002,7 @@ async fn local(bench: &Bench, opts: &Options) -> anyhow::Result<LauncherResult> 
     let (samples, ok) = measured?;
     stopped?;
     let (first_beat, healthcheck) = report(label, &samples);
+    let (first_beat_ms, healthcheck_ms) = distributions(&samples);
 
     let root = scratch.0.join("rss-root");
     let mut command = tokio::process::Command::new(&worker);
@@ -998,6 +1029,8 @@ async fn local(bench: &Bench, opts: &Options) -> anyhow::Result<LauncherResult> 
     Ok(LauncherResult {
         first_beat,
         healthcheck,
+        first_beat_ms,
+        healthcheck_ms,
         concurrent_ok: (ok, opts.concurrent),
         rss_live_mib,
         rss_peak_mib,
@@ -1045,7 +1078,7 @@ async fn docker(
     bench: &Bench,
     opts: &Options,
     env: &DockerEnv,
-) -> anyhow::Result<(LauncherResult, Spread)> {
+) -> anyhow::Result<(LauncherResult, Vec<f64>)> {
     let label = "docker";
     let worker = beside_me("mango-worker")?;
     let port = bench
@@ -1085,6 +1118,7 @@ async fn docker(
     let (samples, floors, ok) = measured?;
     stopped?;
     let (first_beat, healthcheck) = report(label, &samples);
+    let (first_beat_ms, healthcheck_ms) = distributions(&samples);
     let floor = Spread::of(&floors);
     println!(
         "supervisor: docker: baseline, the bare container (create, attach, start, exit /bin/true, same image and configuration): {floor}"
@@ -1134,11 +1168,13 @@ async fn docker(
         LauncherResult {
             first_beat,
             healthcheck,
+            first_beat_ms,
+            healthcheck_ms,
             concurrent_ok: (ok, opts.concurrent),
             rss_live_mib,
             rss_peak_mib,
         },
-        floor,
+        floors,
     ))
 }
 
@@ -1147,21 +1183,22 @@ pub async fn run(
     opts: &Options,
     docker_env: Option<Result<DockerEnv, String>>,
 ) -> anyhow::Result<SupervisorResult> {
-    let (docker_result, floor) = match &docker_env {
+    let (docker_result, floor_ms) = match &docker_env {
         Some(Ok(env)) => {
-            let (result, floor) = docker(bench, opts, env).await?;
-            (Some(result), Some(floor))
+            let (result, floors) = docker(bench, opts, env).await?;
+            (Some(result), floors)
         }
         Some(Err(why)) => {
             println!("supervisor: Docker part SKIPPED: {why}");
-            (None, None)
+            (None, Vec::new())
         }
-        None => (None, None),
+        None => (None, Vec::new()),
     };
     let local = local(bench, opts).await?;
     let result = SupervisorResult {
         docker: docker_result,
-        floor,
+        floor: (!floor_ms.is_empty()).then(|| Spread::of(&floor_ms)),
+        floor_ms,
         local,
     };
     if let (Some(d), Some(ratio)) = (&result.docker, result.docker_ratio()) {

@@ -4,6 +4,7 @@
 //! arrived (the commit-time proxy: the insert committed before the api
 //! answered) to the moment a poller's Poll response carrying that item arrived.
 
+use crate::chart::Chart;
 use crate::harness::Bench;
 use crate::measure::{ms, percentile};
 use anyhow::Context;
@@ -21,6 +22,7 @@ pub struct Options {
 pub struct WakeResult {
     pub p50_ms: f64,
     pub p99_ms: f64,
+    pub chart: Chart,
 }
 
 const WARMUP_SAMPLES: usize = 10;
@@ -99,9 +101,20 @@ pub async fn run(bench: &Arc<Bench>, opts: &Options) -> anyhow::Result<WakeResul
     if from_create_returned.is_empty() {
         anyhow::bail!("wake: no item was claimed within {CLAIM_TIMEOUT:?}");
     }
+    let mut chart = Chart::new(
+        "wake",
+        format!(
+            "wake: a new item reaching one of {} blocked pollers",
+            opts.pollers
+        ),
+    );
+    chart.case("create returned → claimed", &from_create_returned);
+    chart.case("create sent → claimed", &from_create_sent);
+    chart.case("create round trip", &create_rtt);
     let result = WakeResult {
         p50_ms: percentile(&mut from_create_returned, 50.0),
         p99_ms: percentile(&mut from_create_returned, 99.0),
+        chart,
     };
     println!(
         "  create → claimed, from the create request being sent: p50 {:.2} ms, p99 {:.2} ms",
