@@ -22,7 +22,7 @@ use chrono::Duration;
 use mango_api::auth;
 use mango_api::clock::ManualClock;
 use mango_api::error::ApiError;
-use mango_api::lease::{Lease, StopError, TokenUse};
+use mango_api::lease::{Lease, StopError, Stopper, TokenUse};
 use mango_api::service::fail as fail_service;
 use mango_api::service::poll::{self, PollRequest};
 use mango_api::service::work::{self as work_service, Beat, Fence};
@@ -537,7 +537,7 @@ impl Real {
             }
             Call::Stop { item, force } => {
                 let row = self.row(&items[*item].id).await;
-                let r = work_service::stop(ctx, conn, row, Fence::Operator, *force).await;
+                let r = work_service::stop(ctx, conn, row, Fence::Operator, *force, false).await;
                 (answer(r.map(|()| Outcome::Stopped)), Learned::Nothing)
             }
             Call::Heartbeat {
@@ -589,7 +589,7 @@ impl Real {
                 {
                     Ok(row) => {
                         let digest = row.token_sha256.clone().unwrap_or_default();
-                        work_service::stop(ctx, conn, row, Fence::Token(&digest), *force)
+                        work_service::stop(ctx, conn, row, Fence::Token(&digest), *force, false)
                             .await
                             .map(|()| Outcome::Stopped)
                     }
@@ -790,7 +790,7 @@ impl Model {
             }
             Call::Stop { item, force } => self.transition(*item, now, |current| {
                 current
-                    .stop(*force, now)
+                    .stop(*force, Stopper::Operator, now)
                     .map(|next| (next, Outcome::Stopped))
                     .map_err(already_stopped)
             }),
@@ -851,7 +851,9 @@ impl Model {
                 }
                 self.transition(*item, now, |current| {
                     token_refusal(TokenUse::Stop, current, now)?;
-                    let next = current.stop(*force, now).map_err(already_stopped)?;
+                    let next = current
+                        .stop(*force, Stopper::Holder, now)
+                        .map_err(already_stopped)?;
                     Ok((next, Outcome::Stopped))
                 })
             }
