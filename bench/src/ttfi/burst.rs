@@ -93,7 +93,8 @@ impl Worker {
         })
     }
 
-    /// The value of the unlabelled metric `name`; `None` until it is served.
+    /// The value of metric `name` (its one series: the worker serves one
+    /// pool, labelled `pool`); `None` until it is served.
     async fn metric(&self, http: &reqwest::Client, name: &str) -> Option<f64> {
         let text = http
             .get(&self.metrics)
@@ -103,8 +104,13 @@ impl Worker {
             .text()
             .await
             .ok()?;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        text.lines().find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            if !(rest.starts_with(' ') || rest.starts_with('{')) {
+                return None;
+            }
+            rest.rsplit(' ').next()?.trim().parse().ok()
+        })
     }
 
     /// Until `name` reaches `at_least`, reading the RSS peak meanwhile.
