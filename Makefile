@@ -1,5 +1,5 @@
 # The two entry points. See README.md.
-.PHONY: run test bench bench-inputs bench-supervisor bench-controller faults
+.PHONY: run test bench bench-inputs bench-supervisor bench-controller bench-ttfi faults
 
 # Serve the API on the embedded default database, with an Environment, keys and a healthcheck.
 run:
@@ -51,3 +51,19 @@ faults:
 		--bin mango --bin mango-worker --bin mango-runner --bin mango-bench
 	@MANGO_SANDBOX_IMAGE=mango-sandbox:faults scripts/sandbox-image.sh >/dev/null
 	@MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:faults target/debug/mango-bench faults
+
+# Time to first tool call, end to end (release build): Docker cold and warm,
+# local, the Python SDK's worker per item (.venv), a burst of 20 new
+# Sessions on 20 warm, and the supervisor's RSS with that pool. Builds the
+# sandbox image mango-sandbox:bench with the release runner first; without a
+# Docker engine the Docker cases are n/a. MANGO_BENCH_TTFI_ARGS passes flags
+# (--ttfi-turns N, --quick).
+bench-ttfi:
+	@cargo build --release -q -p mango-runner -p mango-controller -p mango-bench \
+		--bin mango-runner --bin mango-worker --bin mango-bench
+	@if docker version >/dev/null 2>&1; then \
+		MANGO_SANDBOX_IMAGE=mango-sandbox:bench MANGO_RUNNER_BIN=target/release/mango-runner \
+		scripts/sandbox-image.sh >/dev/null; \
+	else echo "no Docker engine answers: the Docker cases will be n/a"; fi
+	@MANGO_DATABASE_URL="$${MANGO_BENCH_DATABASE_URL:-$$(scripts/pg.sh)}" \
+		MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:bench target/release/mango-bench ttfi $${MANGO_BENCH_TTFI_ARGS:-}

@@ -94,16 +94,27 @@ async fn drop_database(admin: &PgConnectOptions, name: &str) -> anyhow::Result<(
 
 impl Bench {
     /// The api on 127.0.0.1, and on a port of each of `also_on` too (the
-    /// Docker bridge's gateway, where sandboxes reach the host).
+    /// Docker bridge's gateway, where sandboxes reach the host). With a
+    /// `model` (a Messages API base URL) the api runs its agent loop
+    /// against it; without one the bench appends the agent's events itself.
     pub async fn setup(
         admin_url: &str,
         max_connections: u32,
         also_on: &[std::net::IpAddr],
+        model: Option<&str>,
     ) -> anyhow::Result<Bench> {
         let admin = PgConnectOptions::from_str(admin_url)
             .context("--database-url / MANGO_DATABASE_URL is not a PostgreSQL URL")?;
         let db_name = create_database(&admin).await?;
-        match Self::start(admin.clone(), db_name.clone(), max_connections, also_on).await {
+        match Self::start(
+            admin.clone(),
+            db_name.clone(),
+            max_connections,
+            also_on,
+            model,
+        )
+        .await
+        {
             Ok(bench) => Ok(bench),
             Err(err) => {
                 drop_database(&admin, &db_name).await.ok();
@@ -117,6 +128,7 @@ impl Bench {
         db_name: String,
         max_connections: u32,
         also_on: &[std::net::IpAddr],
+        model: Option<&str>,
     ) -> anyhow::Result<Bench> {
         // Exactly as `mango serve` builds its pool.
         let pool = mango_api::db::pool_options(max_connections)
@@ -139,9 +151,12 @@ impl Bench {
                 store_max_memories: i64::MAX,
                 ..Default::default()
             },
-            // The bench appends the agent's events itself (it measures the
-            // api and the runner, not a model).
-            caller_plays_model: true,
+            // Without a model the bench appends the agent's events itself
+            // (it measures the api and the runner, not a model).
+            caller_plays_model: model.is_none(),
+            model_base_url: model.map(str::to_string),
+            model_api_key: model
+                .map(|_| mango_api::context::Secret("sk-bench-scripted-model".into())),
             // Its clients all come from loopback, one peer: the per-peer
             // cap a hostile sandbox meets would cap the load itself.
             connections: {

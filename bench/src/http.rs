@@ -69,6 +69,15 @@ impl Api {
         })
     }
 
+    /// The same calls against Environment `env_id`, with its key `env_key`.
+    pub fn on_environment(&self, env_id: &str, env_key: &str) -> Api {
+        Api {
+            work_url: format!("{}/environments/{env_id}/work", self.v1()),
+            env_key: env_key.to_string(),
+            ..self.clone()
+        }
+    }
+
     pub fn env_key(&self) -> &str {
         &self.env_key
     }
@@ -178,6 +187,31 @@ impl Api {
     pub async fn create_agent(&self, name: &str) -> anyhow::Result<String> {
         self.create("agents", json!({"name": name, "model": "m"}))
             .await
+    }
+
+    /// Creates an Agent of model `model` with the agent toolset (`bash`
+    /// and the other workspace tools); returns its id.
+    pub async fn create_agent_with_tools(&self, name: &str, model: &str) -> anyhow::Result<String> {
+        self.create(
+            "agents",
+            json!({"name": name, "model": model,
+                   "tools": [{"type": "agent_toolset_20260401"}]}),
+        )
+        .await
+    }
+
+    /// Stops Work `id` at once (`force`), with the Workspace key.
+    pub async fn force_stop(&self, id: &str) -> anyhow::Result<()> {
+        let reply = self
+            .http
+            .post(format!("{}/{id}/stop", self.work_url))
+            .bearer_auth(&self.ws_key)
+            .json(&json!({"force": true}))
+            .send()
+            .await?;
+        expect(reply, StatusCode::NO_CONTENT, "stop")
+            .await
+            .map(drop)
     }
 
     /// Creates an idle Session of `agent` in `environment_id`; returns its id.

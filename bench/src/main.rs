@@ -32,6 +32,15 @@
 //!   each (poll → first heartbeat, create → succeeded, the stages), 20 at
 //!   once, and `mango-worker`'s peak RSS with 20 live sandboxes, against the
 //!   bare cost of the same image's container in the same run.
+//! * `ttfi` (not part of `all`, `make bench-ttfi`): time to first tool call
+//!   end to end, with a scripted model asking for one `bash` call: Docker
+//!   cold, Docker warm, local, and the official Python SDK's worker per
+//!   item, interleaved; a burst of new Sessions on a warm pool, and the
+//!   supervisor's RSS with that pool (see `ttfi`'s module docs). Its last
+//!   line: `ttfi_cold_p50_ms=… ttfi_warm_p50_ms=… ttfi_kept_p50_ms=…
+//!   ttfi_sdk_p50_ms=… warm_first_beat_p50_ms=… warm_first_beat_p99_ms=…
+//!   burst20_max_ms=… k8s_warm_delivered_p50_ms=… supervisor_warm_rss_mib=…`
+//!   (`n/a` where a case cannot run, the reason printed above).
 //!
 //! The last line is machine-readable:
 //! `cycles_per_s=… ceiling_ratio=… wake_p50_ms=… wake_p99_ms=… depth_ratio=…
@@ -57,6 +66,7 @@ mod lease;
 mod measure;
 mod runner;
 mod supervisor;
+mod ttfi;
 mod wake;
 
 use clap::{Parser, Subcommand};
@@ -191,6 +201,19 @@ struct Cli {
     /// missing); its path is printed after the phase's figures.
     #[arg(long, default_value = "target/bench", global = true)]
     svg_dir: std::path::PathBuf,
+    /// Measured turns per case (ttfi).
+    #[arg(long, default_value_t = 30, global = true)]
+    ttfi_turns: usize,
+    /// The Docker warm case's pool (ttfi).
+    #[arg(long, default_value_t = 2, global = true)]
+    ttfi_warm: usize,
+    /// New Sessions at once on a warm pool of as many (ttfi).
+    #[arg(long, default_value_t = 20, global = true)]
+    ttfi_burst: usize,
+    /// A quick run of ttfi (2 turns per case, a burst of 2): that it runs
+    /// and reports, not figures.
+    #[arg(long, global = true)]
+    quick: bool,
     /// Keep the bench database instead of dropping it.
     #[arg(long, global = true)]
     keep_db: bool,
@@ -232,6 +255,12 @@ enum Command {
     /// --sandbox-image and the debug or release `mango`, `mango-worker`
     /// and `mango-runner` beside this binary). Not part of `all`.
     Faults,
+    /// Time to first tool call end to end: Docker cold, warm, local and
+    /// the Python SDK's worker per item, a burst on a warm pool, and the
+    /// supervisor's RSS with it (needs target/release/mango-runner and
+    /// mango-worker; the Docker cases need an engine and --sandbox-image).
+    /// Not part of `all`.
+    Ttfi,
 }
 
 #[derive(Default)]
@@ -243,6 +272,7 @@ struct Summary {
     runner: Option<runner::RunnerResult>,
     supervisor: Option<supervisor::SupervisorResult>,
     inputs: Option<inputs::InputsResult>,
+    ttfi: Option<ttfi::TtfiResult>,
 }
 
 impl Summary {
@@ -326,6 +356,9 @@ impl Summary {
         if let Some(i) = &self.inputs {
             parts.push(i.line());
         }
+        if let Some(t) = &self.ttfi {
+            parts.push(t.line());
+        }
         parts.join(" ")
     }
 }
@@ -406,15 +439,21 @@ async fn run(
         write_chart(cli, &runner.chart())?;
         summary.runner = Some(runner);
     }
-    if command == Command::Supervisor {
-        let opts = supervisor::Options {
-            items: cli.supervisor_items,
-            warmup: cli.supervisor_warmup,
-            concurrent: cli.supervisor_concurrent,
-        };
-        let supervisor = supervisor::run(bench, &opts, docker).await?;
-        write_chart(cli, &supervisor.chart())?;
-        summary.supervisor = Some(supervisor);
+    match command {
+        Command::Supervisor => {
+            let opts = supervisor::Options {
+                items: cli.supervisor_items,
+                warmup: cli.supervisor_warmup,
+                concurrent: cli.supervisor_concurrent,
+            };
+            let supervisor = supervisor::run(bench, &opts, docker).await?;
+            write_chart(cli, &supervisor.chart())?;
+            summary.supervisor = Some(supervisor);
+        }
+        Command::Ttfi => {
+            summary.ttfi = Some(ttfi::run(bench, &ttfi_options(cli), docker).await?);
+        }
+        _ => {}
     }
     if command == Command::Inputs {
         let opts = inputs::Options {
@@ -429,7 +468,12 @@ async fn run(
     Ok(summary)
 }
 
+fn ttfi_options(cli: &Cli) -> ttfi::Options {
+    ttfi::Options::new(cli.ttfi_turns, cli.ttfi_warm, cli.ttfi_burst, cli.quick)
+}
+
 fn check(cli: &Cli) -> anyhow::Result<()> {
+    ttfi_options(cli).check()?;
     anyhow::ensure!(cli.workers > 0, "--workers must be at least 1");
     anyhow::ensure!(cli.pollers > 0, "--pollers must be at least 1");
     anyhow::ensure!(
@@ -560,7 +604,7 @@ async fn main() -> std::process::ExitCode {
     }
     // The supervisor's Docker half needs the api where sandboxes reach the
     // host (the bridge's gateway), so the engine is looked at first.
-    let docker = if command == Command::Supervisor {
+    let docker = if matches!(command, Command::Supervisor | Command::Ttfi) {
         println!(
             "mango-bench: looking for a Docker engine and {}",
             cli.sandbox_image
@@ -573,7 +617,26 @@ async fn main() -> std::process::ExitCode {
         Some(Ok(env)) => vec![env.gateway],
         _ => Vec::new(),
     };
-    let bench = match Bench::setup(&cli.database_url, cli.db_max_connections, &also_on).await {
+    // ttfi's api runs its agent loop against a scripted model.
+    let model = if command == Command::Ttfi {
+        Some(
+            mango_testkit::ScriptedModel::start_answering(mango_testkit::one_bash_call(
+                ttfi::COMMAND,
+            ))
+            .await,
+        )
+    } else {
+        None
+    };
+    let model_base = model.as_ref().map(|m| m.base.as_str());
+    let bench = match Bench::setup(
+        &cli.database_url,
+        cli.db_max_connections,
+        &also_on,
+        model_base,
+    )
+    .await
+    {
         Ok(bench) => Arc::new(bench),
         Err(err) => {
             eprintln!("error: {err:#}");

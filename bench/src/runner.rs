@@ -54,7 +54,7 @@ const RESULT_TIMEOUT: Duration = Duration::from_secs(20);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 /// The tool subprocesses' PATH, the same for both sides.
 const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-const SDK_DRIVER: &str = include_str!("sdk_worker.py");
+pub(crate) const SDK_DRIVER: &str = include_str!("sdk_worker.py");
 
 pub struct Options {
     pub calls: usize,
@@ -392,7 +392,7 @@ fn report(bench: &Bench, result: &RunnerResult) {
 }
 
 /// An event seen on the stream: when its frame arrived, and the event.
-type Arrival = (Instant, Value);
+pub(crate) type Arrival = (Instant, Value);
 
 /// Who answers a side's calls.
 enum Answerer {
@@ -441,7 +441,12 @@ impl Participant {
         api.send_message(&session, "go").await?;
         let work = claim(api, &session).await?;
         let (tx, rx) = mpsc::unbounded_channel::<Arrival>();
-        let reader = admissions(bench, &session, tx);
+        let reader = admissions(
+            bench,
+            &session,
+            &[types::AGENT_TOOL_USE, types::USER_TOOL_RESULT],
+            tx,
+        );
         let part = Participant {
             label,
             session,
@@ -774,9 +779,12 @@ pub(crate) async fn claim(api: &Api, session: &str) -> anyhow::Result<mango_prot
 /// this task woke would add the bench's own scheduling to every sample).
 /// Subscribed before it returns, which also keeps the Session's feed alive,
 /// so nothing admitted afterwards is missed.
-fn admissions(
+/// The events of a Session the bench waits for: `kinds`, each stamped as
+/// the api publishes it (the feed is held open meanwhile).
+pub(crate) fn admissions(
     bench: &Bench,
     session: &str,
+    kinds: &'static [&'static str],
     tx: mpsc::UnboundedSender<Arrival>,
 ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
     let mut feed = bench.app.ctx.events.subscribe(session);
@@ -787,8 +795,7 @@ fn admissions(
                 publication = published.recv() => {
                     let Some((at, body)) = publication else { return Ok(()) };
                     let kind = body["type"].as_str().unwrap_or_default();
-                    if (kind == types::AGENT_TOOL_USE || kind == types::USER_TOOL_RESULT)
-                        && tx.send((at, (*body).clone())).is_err()
+                    if kinds.contains(&kind) && tx.send((at, (*body).clone())).is_err()
                     {
                         return Ok(());
                     }

@@ -45,7 +45,7 @@ use clap::Parser;
 use futures::StreamExt;
 use mango_controller::core::config::Config;
 use mango_controller::core::launcher::{ItemIdentity, Launcher, SandboxSpec};
-use mango_controller::core::metrics::Outcome;
+use mango_controller::core::metrics::{Metrics, Outcome};
 use mango_controller::core::observer::{Happening, Observer};
 use mango_controller::core::secret::Secret;
 use mango_controller::core::stages::{Stage, Stamps};
@@ -93,9 +93,9 @@ fn verdict(ok: bool) -> &'static str {
 
 /// The Docker engine, the sandbox image, and where sandboxes reach the host.
 pub struct DockerEnv {
-    docker: Docker,
-    image: String,
-    version: String,
+    pub(crate) docker: Docker,
+    pub(crate) image: String,
+    pub(crate) version: String,
     /// The fenced sandbox network's gateway (`host.docker.internal` in a
     /// sandbox): the api listens there too, for the sandboxes.
     pub gateway: IpAddr,
@@ -137,7 +137,7 @@ pub async fn docker_env(image: &str) -> Result<DockerEnv, String> {
 
 /// The Docker launcher's arguments exactly as `mango-worker docker` would
 /// parse them (its defaults for limits and network), with this image.
-fn docker_args(image: &str, sandbox_base_url: &str) -> anyhow::Result<DockerArgs> {
+pub(crate) fn docker_args(image: &str, sandbox_base_url: &str) -> anyhow::Result<DockerArgs> {
     #[derive(Parser)]
     struct Worker {
         #[command(flatten)]
@@ -247,10 +247,10 @@ impl SupervisorResult {
 // ------------------------------------------------------------------ watching the core
 
 /// What the supervisor did with one item.
-struct Record {
-    stamps: Stamps,
-    outcome: Option<Outcome>,
-    error: Option<String>,
+pub(crate) struct Record {
+    pub(crate) stamps: Stamps,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) error: Option<String>,
 }
 
 /// What the core said of an item before it was done: its outcome, and why
@@ -268,7 +268,7 @@ struct Items {
 
 /// The core's observer: each finished item's stamps and outcome, by Work id.
 #[derive(Default)]
-struct Collector {
+pub(crate) struct Collector {
     items: Mutex<Items>,
 }
 
@@ -312,7 +312,7 @@ impl Observer for Collector {
 
 impl Collector {
     /// Until the supervisor is done with Work `id` (at most `within`).
-    async fn done_with(&self, id: &str, within: Duration) -> anyhow::Result<Record> {
+    pub(crate) async fn done_with(&self, id: &str, within: Duration) -> anyhow::Result<Record> {
         let rx = {
             let mut items = self.items.lock().expect("collector lock");
             if let Some(record) = items.early.remove(id) {
@@ -332,20 +332,20 @@ impl Collector {
 
 /// Monotonic instants as the wall-clock times the api stamps rows with.
 #[derive(Clone, Copy)]
-struct Clock {
+pub(crate) struct Clock {
     at: Instant,
     wall: DateTime<Utc>,
 }
 
 impl Clock {
-    fn now() -> Clock {
+    pub(crate) fn now() -> Clock {
         Clock {
             at: Instant::now(),
             wall: Utc::now(),
         }
     }
 
-    fn wall(&self, instant: Instant) -> DateTime<Utc> {
+    pub(crate) fn wall(&self, instant: Instant) -> DateTime<Utc> {
         let delta = |d: Duration| chrono::Duration::from_std(d).unwrap_or_default();
         if instant >= self.at {
             self.wall + delta(instant - self.at)
@@ -355,7 +355,7 @@ impl Clock {
     }
 }
 
-fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+pub(crate) fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
 }
 
@@ -451,8 +451,9 @@ async fn sample(bench: &Bench, id: &str, record: Record, clock: Clock) -> anyhow
 // ------------------------------------------------------------------ one run of the core
 
 /// The supervisor core with `launcher`, in this process, until `stop`.
-struct InProcess {
-    collector: Arc<Collector>,
+pub(crate) struct InProcess {
+    pub(crate) collector: Arc<Collector>,
+    pub(crate) metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<Stop>>,
     done: tokio::task::JoinHandle<RunEnd>,
 }
@@ -463,10 +464,21 @@ impl InProcess {
         config: Config,
         launcher: L,
     ) -> anyhow::Result<InProcess> {
-        let key = Secret::new(bench.app.env_key.clone());
+        Self::start_with_key(bench, config, launcher, &bench.app.env_key).await
+    }
+
+    /// [`InProcess::start`] with the Environment key `env_key` (of `config`'s Environment).
+    pub(crate) async fn start_with_key<L: Launcher>(
+        bench: &Bench,
+        config: Config,
+        launcher: L,
+        env_key: &str,
+    ) -> anyhow::Result<InProcess> {
+        let key = Secret::new(env_key.to_string());
         let collector = Arc::new(Collector::default());
         let supervisor = Supervisor::new(config, launcher, &bench.app.base, &key)
             .with_observer(collector.clone());
+        let metrics = supervisor.metrics();
         supervisor
             .check_key(&key)
             .await
@@ -476,13 +488,14 @@ impl InProcess {
             tokio::spawn(supervisor.run_until(async { stopped.await.unwrap_or(Stop::Drain) }));
         Ok(InProcess {
             collector,
+            metrics,
             stop: Some(stop),
             done,
         })
     }
 
     /// SIGTERM's path: drain, then every sandbox is gone.
-    async fn shutdown(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(Stop::Drain);
         }
@@ -498,7 +511,12 @@ impl InProcess {
     }
 }
 
-fn config(bench: &Bench, sandbox_base_url: &str, pool: &str, max_concurrency: usize) -> Config {
+pub(crate) fn config(
+    bench: &Bench,
+    sandbox_base_url: &str,
+    pool: &str,
+    max_concurrency: usize,
+) -> Config {
     let mut config = Config::new(&bench.app.env_id, sandbox_base_url);
     config.pool = pool.to_string();
     config.max_concurrency = max_concurrency;
@@ -506,7 +524,7 @@ fn config(bench: &Bench, sandbox_base_url: &str, pool: &str, max_concurrency: us
     config
 }
 
-fn pool(kind: &str) -> String {
+pub(crate) fn pool(kind: &str) -> String {
     format!("bench-{kind}-{:08x}", rand::random::<u32>())
 }
 
@@ -772,7 +790,7 @@ impl Floor {
 // ------------------------------------------------------------------ the supervisor as a process
 
 /// A binary next to this executable (`make bench-supervisor` builds them there).
-fn beside_me(name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn beside_me(name: &str) -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()
         .context("cannot locate the bench executable")?
         .with_file_name(name);
@@ -787,10 +805,10 @@ fn beside_me(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A scratch directory removed on drop.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new(name: &str) -> anyhow::Result<Scratch> {
+    pub(crate) fn new(name: &str) -> anyhow::Result<Scratch> {
         let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         if dir.exists() {
             std::fs::remove_dir_all(&dir).ok();
@@ -807,7 +825,7 @@ impl Drop for Scratch {
 }
 
 /// `VmHWM` (peak) and `VmRSS` of process `pid`, MiB.
-fn rss_of(pid: u32) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn rss_of(pid: u32) -> anyhow::Result<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     let field = |name: &str| {
@@ -828,7 +846,7 @@ fn rss_of(pid: u32) -> anyhow::Result<(f64, f64)> {
 /// kernel's `VmHWM` is not strictly monotonic as read (the high-water mark is
 /// folded in from per-thread counters lazily), so the peak is the largest of
 /// every reading.
-fn note_rss(pid: u32, peak: &mut f64) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn note_rss(pid: u32, peak: &mut f64) -> anyhow::Result<(f64, f64)> {
     let (hwm, rss) = rss_of(pid)?;
     *peak = peak.max(hwm).max(rss);
     Ok((hwm, rss))
@@ -1038,7 +1056,7 @@ async fn local(bench: &Bench, opts: &Options) -> anyhow::Result<LauncherResult> 
 }
 
 /// The containers labelled with `pool`.
-async fn containers(docker: &Docker, pool: &str) -> anyhow::Result<Vec<String>> {
+pub(crate) async fn containers(docker: &Docker, pool: &str) -> anyhow::Result<Vec<String>> {
     let listed = docker
         .list_containers(Some(ListContainersOptions {
             all: true,
@@ -1053,7 +1071,7 @@ async fn containers(docker: &Docker, pool: &str) -> anyhow::Result<Vec<String>> 
 }
 
 /// Removes what a pool left (after a failure) and the Sessions' volumes.
-async fn clean(docker: &Docker, pools: &[&str], sessions: &[String]) {
+pub(crate) async fn clean(docker: &Docker, pools: &[&str], sessions: &[String]) {
     for pool in pools {
         for id in containers(docker, pool).await.unwrap_or_default() {
             let _ = docker

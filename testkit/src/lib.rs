@@ -45,7 +45,7 @@ pub use api::TestApp;
 pub use events::{append_agent_events, json_events, sent};
 pub use http::{urlencode, Reply};
 pub use memory::sha256_hex;
-pub use model::{model_reply, ScriptedModel};
+pub use model::{model_reply, one_bash_call, ScriptedModel};
 pub use sessions::{data_ids, user_message};
 pub use sse::{Frame, SseReader};
 pub use work::{claim_of, sessions_token, Claim};

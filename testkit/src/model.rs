@@ -50,9 +50,13 @@ impl Scripted {
 type Replies = Arc<Mutex<VecDeque<Scripted>>>;
 type Requests = Arc<Mutex<Vec<(HeaderMap, Value)>>>;
 type Arrivals = Arc<Mutex<Vec<Instant>>>;
+/// What answers a request when no reply is queued: (status, body) from
+/// the request's body.
+pub type Answer = Arc<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
 
 /// Answers `POST /v1/messages` with the queued replies in order (status,
-/// body) and records every request; once the script is exhausted, a 500.
+/// body) and records every request; once the script is exhausted, its
+/// [`Answer`] ([`ScriptedModel::start_answering`]), else a 500.
 pub struct ScriptedModel {
     pub base: String,
     replies: Replies,
@@ -63,6 +67,17 @@ pub struct ScriptedModel {
 
 impl ScriptedModel {
     pub async fn start(replies: Vec<(u16, Value)>) -> ScriptedModel {
+        Self::serve(replies, None).await
+    }
+
+    /// A model that answers every request with `answer`, whatever came
+    /// before it, so any number of Sessions can use it at once (queued
+    /// replies still go first).
+    pub async fn start_answering(answer: Answer) -> ScriptedModel {
+        Self::serve(Vec::new(), Some(answer)).await
+    }
+
+    async fn serve(replies: Vec<(u16, Value)>, answer: Option<Answer>) -> ScriptedModel {
         let queue: Replies = Arc::new(Mutex::new(
             replies
                 .iter()
@@ -75,12 +90,16 @@ impl ScriptedModel {
             .route(
                 "/v1/messages",
                 axum::routing::post(
-                    |State((queue, seen, arrivals)): State<(Replies, Requests, Arrivals)>,
+                    |State((queue, seen, arrivals, answer)): State<(Replies, Requests, Arrivals, Option<Answer>)>,
                      headers: HeaderMap,
                      body: Json<Value>| async move {
                         arrivals.lock().expect("arrivals lock").push(Instant::now());
+                        let answered = answer.as_ref().map(|answer| {
+                            let (status, reply) = answer(&body.0);
+                            Scripted::json(status, &reply, Duration::ZERO)
+                        });
                         seen.lock().expect("requests lock").push((headers, body.0));
-                        let next = queue.lock().expect("script lock").pop_front();
+                        let next = queue.lock().expect("script lock").pop_front().or(answered);
                         let reply = next.unwrap_or_else(|| {
                             Scripted::json(
                                 500,
@@ -93,7 +112,7 @@ impl ScriptedModel {
                     },
                 ),
             )
-            .with_state((queue.clone(), seen.clone(), arrivals.clone()));
+            .with_state((queue.clone(), seen.clone(), arrivals.clone(), answer));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
@@ -169,4 +188,105 @@ pub fn model_reply(content: Value, stop_reason: &str) -> Value {
         "content": content, "stop_reason": stop_reason,
         "usage": {"input_tokens": 12, "output_tokens": 7}
     })
+}
+
+/// The [`Answer`] of a model that asks for one `bash` call running
+/// `command` at once, and ends the turn once the request carries a tool
+/// result: a turn is exactly one tool call (`mango-bench ttfi`; the kind
+/// test's `kind-tests/model/model.py` answers the same way).
+pub fn one_bash_call(command: &str) -> Answer {
+    let command = command.to_string();
+    Arc::new(move |body: &Value| {
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .map(|m| &m["content"]);
+        let has_result = last
+            .and_then(Value::as_array)
+            .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"));
+        if has_result {
+            return (
+                200,
+                model_reply(json!([{"type": "text", "text": "done"}]), "end_turn"),
+            );
+        }
+        let id = format!("toolu_{:016x}", rand_id());
+        (
+            200,
+            model_reply(
+                json!([{"type": "tool_use", "id": id, "name": "bash", "input": {"command": command}}]),
+                "tool_use",
+            ),
+        )
+    })
+}
+
+/// A tool-use id unique within the process (the agent loop keys results by it).
+fn rand_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ NEXT.fetch_add(1, Ordering::Relaxed).rotate_left(40)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn ask(model: &ScriptedModel, messages: Value) -> Value {
+        reqwest::Client::new()
+            .post(format!("{}/v1/messages", model.base))
+            .json(&json!({"model": "m", "max_tokens": 1, "messages": messages}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_bash_call_asks_once_then_ends_the_turn() {
+        let model = ScriptedModel::start_answering(one_bash_call("echo hi")).await;
+        let first = ask(&model, json!([{"role": "user", "content": "go"}])).await;
+        assert_eq!(first["stop_reason"], "tool_use", "{first}");
+        let call = &first["content"][0];
+        assert_eq!(call["name"], "bash");
+        assert_eq!(call["input"]["command"], "echo hi");
+        let again = ask(
+            &model,
+            json!([{"role": "user", "content": [{"type": "text", "text": "go"}]}]),
+        )
+        .await;
+        assert_ne!(
+            again["content"][0]["id"], call["id"],
+            "each call its own id"
+        );
+        let after = ask(
+            &model,
+            json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "hi"}]}
+            ]),
+        )
+        .await;
+        assert_eq!(after["stop_reason"], "end_turn", "{after}");
+        assert_eq!(model.requests().len(), 3, "every request recorded");
+    }
+
+    #[tokio::test]
+    async fn queued_replies_go_before_the_answer() {
+        let model = ScriptedModel::start_answering(one_bash_call("true")).await;
+        model.push_reply(
+            529,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+        );
+        let first = ask(&model, json!([{"role": "user", "content": "go"}])).await;
+        assert_eq!(first["error"]["type"], "overloaded_error");
+        let second = ask(&model, json!([{"role": "user", "content": "go"}])).await;
+        assert_eq!(second["stop_reason"], "tool_use");
+    }
 }

@@ -1,0 +1,266 @@
+//! The interleaved cases: each its own Environment (so no supervisor polls
+//! another case's Work) and what serves it: the supervisor core in this
+//! process with the Docker launcher (cold, or with a warm pool) or the
+//! local one, or the bench dispatching each item to the official Python
+//! SDK's `EnvironmentWorker.handle_item()` in a new process, as the SDK's
+//! per-item mode (`ant worker poll --on-work`) does.
+
+use super::turn::Watched;
+use super::Environment;
+use crate::harness::Bench;
+use crate::runner::{claim, clean_command, Scratch};
+use crate::supervisor::{ms_between, Clock, InProcess};
+use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
+use mango_controller::core::stages::Stage;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+/// The supervisor is done with an item (its sandbox gone) within this
+/// after its Work was stopped.
+const DONE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A warm pool refills within this (sandboxes made while others run).
+const REFILL_TIMEOUT: Duration = Duration::from_secs(120);
+/// An SDK worker exits within this after its Work was stopped.
+const SDK_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What serves a case's Work.
+pub enum Server {
+    /// The supervisor core in this process; `warm` sandboxes kept ready.
+    Core { running: InProcess, warm: usize },
+    /// The bench polls and acks, and starts `python driver` per item.
+    Sdk { python: PathBuf, driver: PathBuf },
+}
+
+pub struct Case {
+    pub label: &'static str,
+    pub env: Environment,
+    pub server: Server,
+    /// TTFI of each measured turn, ms.
+    pub ttfi: Vec<f64>,
+    /// Poll → the runner's first heartbeat of each measured turn (the
+    /// supervisor's `polled` stamp to the api's `started_at`), ms.
+    pub first_beat: Vec<f64>,
+    /// Measured turns of a warm case that did not bind a warm sandbox.
+    pub went_cold: usize,
+    /// Every Session this case made (their workspaces are removed at the end).
+    pub sessions: Vec<String>,
+}
+
+/// One turn's figures.
+struct Measured {
+    ttfi_ms: f64,
+    first_beat_ms: Option<f64>,
+    warm: bool,
+}
+
+impl Case {
+    pub fn new(label: &'static str, env: Environment, server: Server) -> Case {
+        Case {
+            label,
+            env,
+            server,
+            ttfi: Vec::new(),
+            first_beat: Vec::new(),
+            went_cold: 0,
+            sessions: Vec::new(),
+        }
+    }
+
+    /// One turn of a new Session; with `measured`, its figures are kept.
+    pub async fn turn(&mut self, bench: &Bench, agent: &str, measured: bool) -> anyhow::Result<()> {
+        let (label, env, sessions) = (self.label, &self.env, &mut self.sessions);
+        let figures = match &self.server {
+            Server::Core { running, warm } => {
+                core_turn(bench, agent, label, env, sessions, running, *warm).await?
+            }
+            Server::Sdk { python, driver } => {
+                sdk_turn(bench, agent, label, env, sessions, python, driver).await?
+            }
+        };
+        let warm = matches!(self.server, Server::Core { warm, .. } if warm > 0);
+        println!(
+            "ttfi: {}: {} turn: TTFI {:8.1} ms{}{}",
+            self.label,
+            if measured { "measured" } else { "warm-up" },
+            figures.ttfi_ms,
+            figures
+                .first_beat_ms
+                .map(|b| format!(", poll → first heartbeat {b:7.1} ms"))
+                .unwrap_or_default(),
+            if warm && !figures.warm {
+                " (no warm sandbox bound: started cold)"
+            } else {
+                ""
+            }
+        );
+        if measured {
+            self.ttfi.push(figures.ttfi_ms);
+            self.first_beat.extend(figures.first_beat_ms);
+            if warm && !figures.warm {
+                self.went_cold += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn core_turn(
+    bench: &Bench,
+    agent: &str,
+    label: &str,
+    env: &Environment,
+    sessions: &mut Vec<String>,
+    running: &InProcess,
+    warm: usize,
+) -> anyhow::Result<Measured> {
+    if warm > 0 {
+        until_warm(running, warm, label).await?;
+    }
+    let clock = Clock::now();
+    let mut watched = Watched::open(bench, &env.api, agent, &env.id).await?;
+    sessions.push(watched.session.clone());
+    let outcome = async {
+        let sent = watched.send(&env.api).await?;
+        let ttfi_ms = watched.first_result(sent).await?;
+        watched.until_idle().await?;
+        anyhow::Ok(ttfi_ms)
+    }
+    .await;
+    let session = watched.session.clone();
+    watched.close(bench);
+    let ttfi_ms = outcome?;
+    let work_id = first_work(bench, &session).await?;
+    env.api.force_stop(&work_id).await?;
+    let record = running.collector.done_with(&work_id, DONE_TIMEOUT).await?;
+    let stamps = &record.stamps;
+    let started: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT started_at FROM work WHERE id = $1")
+            .bind(&work_id)
+            .fetch_one(&bench.app.db)
+            .await?;
+    let first_beat_ms = match (stamps.get(Stage::Polled), started) {
+        (Some(polled), Some(started)) => Some(ms_between(clock.wall(polled), started)),
+        _ => None,
+    };
+    Ok(Measured {
+        ttfi_ms,
+        first_beat_ms,
+        warm: stamps.get(Stage::Bound).is_some() && stamps.get(Stage::Created).is_none(),
+    })
+}
+
+async fn sdk_turn(
+    bench: &Bench,
+    agent: &str,
+    label: &str,
+    env: &Environment,
+    sessions: &mut Vec<String>,
+    python: &std::path::Path,
+    driver: &std::path::Path,
+) -> anyhow::Result<Measured> {
+    let mut watched = Watched::open(bench, &env.api, agent, &env.id).await?;
+    let session = watched.session.clone();
+    sessions.push(session.clone());
+    let scratch = Scratch::new(&format!("{}_ttfi_sdk_{}", bench.db_name, sessions.len()))?;
+    // The dispatcher long-polls before the message is sent, as a
+    // standing `ant worker poll --on-work` would.
+    let dispatch = {
+        let (api, env_id, base) = (env.api.clone(), env.id.clone(), bench.app.base.clone());
+        let (python, driver, workspace) = (
+            python.to_path_buf(),
+            driver.to_path_buf(),
+            scratch.workspace(),
+        );
+        let log = scratch.log();
+        let session = session.clone();
+        tokio::spawn(async move {
+            let work = claim(&api, &session).await?;
+            let secret = work.secret.clone().context("Poll returned no secret")?;
+            let child = clean_command(&python)
+                .arg(&driver)
+                .env("ANTHROPIC_BASE_URL", &base)
+                .env("ANTHROPIC_WORK_ID", &work.id)
+                .env("ANTHROPIC_ENVIRONMENT_ID", &env_id)
+                .env("ANTHROPIC_SESSION_ID", &session)
+                .env("ANTHROPIC_WORK_SECRET", &secret)
+                .current_dir(&workspace)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log)?)
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting the SDK worker")?;
+            anyhow::Ok((work.id, child))
+        })
+    };
+    let outcome = async {
+        let sent = watched.send(&env.api).await?;
+        let ttfi_ms = watched.first_result(sent).await?;
+        watched.until_idle().await?;
+        anyhow::Ok(ttfi_ms)
+    }
+    .await;
+    watched.close(bench);
+    let (work_id, mut child) = dispatch.await.context("the SDK dispatcher panicked")??;
+    let ttfi_ms = match outcome {
+        Ok(ms) => ms,
+        Err(err) => {
+            let _ = child.kill().await;
+            let log = std::fs::read_to_string(scratch.log()).unwrap_or_default();
+            let tail: String = log
+                .chars()
+                .rev()
+                .take(2000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            return Err(err.context(format!("the SDK worker's log ends: {tail}")));
+        }
+    };
+    env.api.force_stop(&work_id).await?;
+    if tokio::time::timeout(SDK_EXIT_TIMEOUT, child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+        println!(
+                "ttfi: {}: the SDK worker did not exit within {SDK_EXIT_TIMEOUT:?} of its Work's stop; killed",
+                label
+            );
+    }
+    Ok(Measured {
+        ttfi_ms,
+        first_beat_ms: None,
+        warm: false,
+    })
+}
+
+/// The Work the Session's message made (its first).
+async fn first_work(bench: &Bench, session: &str) -> anyhow::Result<String> {
+    sqlx::query_scalar("SELECT id FROM work WHERE session_id = $1 ORDER BY created_at, id LIMIT 1")
+        .bind(session)
+        .fetch_optional(&bench.app.db)
+        .await?
+        .with_context(|| format!("{session} has no Work"))
+}
+
+/// Until the in-process core's warm pool is full: each warm turn starts
+/// from the steady state, as the next Session on an idle pool would.
+async fn until_warm(running: &InProcess, target: usize, label: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while (running.metrics.warm_ready.load(Relaxed).max(0) as usize) < target {
+        if started.elapsed() > REFILL_TIMEOUT {
+            bail!(
+                "{label}: the warm pool holds {} of {target} after {REFILL_TIMEOUT:?}",
+                running.metrics.warm_ready.load(Relaxed)
+            );
+        }
+        // A poll interval inside the refill deadline.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
