@@ -8,7 +8,7 @@ use crate::harness::Bench;
 use crate::http::Api;
 use crate::measure::{ms, summary, CpuSample};
 use anyhow::{bail, Context};
-use mango_api::lease::{Lease, TokenUse};
+use mango_api::lease::{Lease, Stopper, TokenUse};
 use mango_api::store::keys;
 use mango_api::store::work::{self, WorkRow};
 use mango_api::{ids, Settings};
@@ -352,7 +352,7 @@ async fn ceiling_cycle(s: &Shared, times: &mut [Duration; 6]) -> anyhow::Result<
         .context("token lookup failed")?;
     apply(&mut db, row, None, |l, now| {
         l.admits_token(TokenUse::Stop, now).ok()?;
-        l.stop(true, now).ok()
+        l.stop(true, Stopper::Holder, now).ok()
     })
     .await?;
     times[5] = t.elapsed();
