@@ -7,6 +7,7 @@ use super::load::{message_marker, Record};
 use super::probe::{self, Held};
 use super::sandboxes;
 use super::system::System;
+use mango_protocol::events::types;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -81,14 +82,14 @@ pub async fn check_sessions(
         }
         let mut answers: HashMap<&str, Vec<&Value>> = HashMap::new();
         for e in &events {
-            if e["type"] == "user.tool_result" {
+            if e["type"] == types::USER_TOOL_RESULT {
                 if let Some(call) = e["tool_use_id"].as_str() {
                     answers.entry(call).or_default().push(e);
                 }
             }
         }
         let ended = status == "terminated";
-        for call in events.iter().filter(|e| e["type"] == "agent.tool_use") {
+        for call in events.iter().filter(|e| e["type"] == types::AGENT_TOOL_USE) {
             let id = call["id"].as_str().unwrap_or_default();
             let results = answers.get(id).map(Vec::as_slice).unwrap_or_default();
             match results.len() {
@@ -109,7 +110,7 @@ pub async fn check_sessions(
         }
         let calls_made = events
             .iter()
-            .filter(|e| e["type"] == "agent.tool_use")
+            .filter(|e| e["type"] == types::AGENT_TOOL_USE)
             .count();
         if calls_made == 0 && !ended {
             v.lost(format!("{session}'s turn made no call"));

@@ -4,6 +4,7 @@
 //! a client that fails over between the api processes.
 
 use super::system::System;
+use mango_protocol::events::types;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -113,8 +114,7 @@ async fn drive_turn(system: &System, spec: &Spec, record: &mut Record) -> anyhow
 /// Sends the message; a send whose answer was lost is looked for in the
 /// log before it is sent again, so a retry never doubles it.
 async fn send_once(system: &System, session: &str, marker: &str, text: &str) -> anyhow::Result<()> {
-    let body =
-        json!({"events": [{"type": "user.message", "content": [{"type": "text", "text": text}]}]});
+    let body = json!({"events": [{"type": types::USER_MESSAGE, "content": [{"type": "text", "text": text}]}]});
     let path = format!("/v1/sessions/{session}/events");
     for _ in 0..10 {
         match system
@@ -145,7 +145,7 @@ async fn send_once(system: &System, session: &str, marker: &str, text: &str) -> 
 }
 
 pub fn message_marker(event: &Value) -> Option<&str> {
-    if event["type"] != "user.message" {
+    if event["type"] != types::USER_MESSAGE {
         return None;
     }
     let text = event["content"][0]["text"].as_str()?;
@@ -162,8 +162,8 @@ fn turn_ended(events: &[Value], marker: &str) -> bool {
         return false;
     };
     events[at..].iter().any(|e| {
-        (e["type"] == "session.status_idle" && e["stop_reason"]["type"] == "end_turn")
-            || e["type"] == "session.status_terminated"
+        (e["type"] == types::SESSION_STATUS_IDLE && e["stop_reason"]["type"] == "end_turn")
+            || e["type"] == types::SESSION_STATUS_TERMINATED
     })
 }
 
