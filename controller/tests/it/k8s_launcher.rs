@@ -21,6 +21,7 @@ use std::time::Duration;
 
 const NS: &str = "sandboxes";
 const PODS_OF_POOL: &str = "/api/v1/namespaces/sandboxes/pods?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmango-worker%2Cmango.dev%2Fpool%3Dbuilders";
+const WARM_PODS_OF_POOL: &str = "/api/v1/namespaces/sandboxes/pods?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmango-worker%2Cmango.dev%2Fpool%3Dbuilders%2Cmango.dev%2Fwarm%3Dtrue";
 
 fn pool(api: &TestApp) -> Arc<WorkerPool> {
     pool_of(&api.env_id)
@@ -56,12 +57,15 @@ async fn start(db: sqlx::PgPool) -> Setup {
     config.pool = "builders".into();
     config.hand_off_bound = Duration::from_secs(10);
     let running_fut = Running::start(&api, config, launcher);
-    // The supervisor first lists what an earlier run left: nothing.
+    // The supervisor first lists what an earlier run left, sandboxes and
+    // warm Pods: nothing.
     let (running, ()) = tokio::join!(running_fut, async {
-        server
-            .expect(Method::GET, PODS_OF_POOL)
-            .await
-            .respond(200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": []}));
+        for listing in [PODS_OF_POOL, WARM_PODS_OF_POOL] {
+            server
+                .expect(Method::GET, listing)
+                .await
+                .respond(200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": []}));
+        }
     });
     Setup {
         api,
@@ -103,6 +107,15 @@ async fn a_session_item_gets_its_pvc_and_pod_and_a_failed_attach_deletes_the_pod
     let pvc = format!("mango-session-{}", session.replace('_', "-"));
     let pod_name = format!("mango-{}-1", work_id.replace('_', "-"));
 
+    // The Session's PVC is looked for by its label first (a warm Pod's
+    // PVC becomes the Session's whatever its name), then by its name.
+    server
+        .expect(
+            Method::GET,
+            &format!("/api/v1/namespaces/sandboxes/persistentvolumeclaims?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmango-worker%2Cmango.dev%2Fsession-id%3D{session}"),
+        )
+        .await
+        .respond(200, json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList", "metadata": {"resourceVersion": "1"}, "items": []}));
     server
         .expect(
             Method::GET,

@@ -233,8 +233,14 @@ async fn a_secret_read_the_apiserver_fails_now_and_then_keeps_a_running_pool(db:
     let ctx = Context::new(k8s_strict::client(&fake).await, settings(&api, "replica-0"));
     let stop = CancellationToken::new();
     let run = tokio::spawn(operator::run(ctx.clone(), stop.clone()));
+    // The status says so only until the next read, which may come at
+    // once; the Event stays.
     crate::support::until("SecretUnreadable", Duration::from_secs(30), async || {
-        condition(&fake, "builders", "Ready").is_some_and(|c| c["reason"] == "SecretUnreadable")
+        fake.names("events", NS).iter().any(|e| {
+            fake.object("events", NS, e).is_some_and(|e| {
+                e["reason"] == "SecretUnreadable" && e["regarding"]["name"] == "builders"
+            })
+        })
     })
     .await;
     crate::support::until("the pool Ready", Duration::from_secs(60), async || {
