@@ -113,6 +113,10 @@ struct Shared<L> {
     abandon: CancellationToken,
     /// Set on detach: watching stops, and sandboxes are left as they are.
     detach: CancellationToken,
+    /// Set when the claims watch finds the key refused, with why: polling
+    /// ends even while every slot is taken and no Poll would ask.
+    key_refused: CancellationToken,
+    refusal: Mutex<Option<String>>,
 }
 
 pub struct Supervisor<L: Launcher> {
@@ -139,6 +143,8 @@ impl<L: Launcher> Supervisor<L> {
                 force: CancellationToken::new(),
                 abandon: CancellationToken::new(),
                 detach: CancellationToken::new(),
+                key_refused: CancellationToken::new(),
+                refusal: Mutex::default(),
             }),
         }
     }
@@ -267,6 +273,11 @@ impl<L: Launcher> Shared<L> {
             let permit = tokio::select! {
                 biased;
                 _ = stopping.cancelled() => return RunEnd::Shutdown,
+                _ = self.key_refused.cancelled() => {
+                    let why = self.refusal.lock().expect("refusal lock").clone().unwrap_or_default();
+                    tracing::error!(error = %why, "the api refused the Environment key; no longer polling");
+                    return RunEnd::KeyRefused(why);
+                }
                 permit = self.slots.clone().acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return RunEnd::Shutdown,
@@ -1020,6 +1031,15 @@ impl<L: Launcher> Shared<L> {
             for chunk in ids.chunks(100) {
                 let answer = match self.ops.claims(&env, chunk).await {
                     Ok(answer) => answer,
+                    Err(err) if matches!(err.status().map(|s| s.as_u16()), Some(401 | 403)) => {
+                        // Revoked meanwhile: the items run on with their own
+                        // tokens, but nothing new is taken on this key.
+                        self.metrics
+                            .note_error(format!("the api refused the Environment key: {err}"));
+                        *self.refusal.lock().expect("refusal lock") = Some(err.to_string());
+                        self.key_refused.cancel();
+                        continue;
+                    }
                     Err(err) => {
                         tracing::warn!(error = %err, "could not read the claims of live items");
                         continue;

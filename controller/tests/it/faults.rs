@@ -215,3 +215,44 @@ async fn a_work_stopped_before_its_hand_off_gets_no_secret(db: sqlx::PgPool) {
     assert!(left.is_empty(), "the unstarted sandbox was removed");
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);
 }
+
+/// An Environment key revoked while every slot is taken: no Poll would
+/// ask, but the claims watch learns of it, and the supervisor stops
+/// polling at once (its items go on with their own tokens).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_key_revoked_while_every_slot_is_taken_ends_polling_at_once(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let root = tempfile::tempdir().unwrap();
+    let gated = Gated {
+        inner: LocalLauncher::new(runner_command(), root.path().into(), "default").unwrap(),
+        creating: Arc::default(),
+        open: Arc::default(),
+        hand_offs: Arc::default(),
+    };
+    let (creating, open) = (gated.creating.clone(), gated.open.clone());
+    let running = Running::start(&api, config(&api, 1), gated).await;
+    Client::new(&api.base, &api.ws_key)
+        .create_healthcheck(&api.env_id)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), creating.notified())
+        .await
+        .expect("its sandbox is being made, holding the only slot");
+    mango_api::store::keys::revoke(&api.db, &api.env_key_id, mango_protocol::time::now())
+        .await
+        .unwrap();
+    // The claims watch runs every 300 ms here.
+    until("the refusal noted", Duration::from_secs(5), async || {
+        running
+            .metrics
+            .snapshot()
+            .last_error
+            .is_some_and(|(_, e)| e.contains("refused the Environment key"))
+    })
+    .await;
+    open.notify_one();
+    assert!(
+        matches!(running.shutdown().await, RunEnd::KeyRefused(_)),
+        "the run ends on the refused key"
+    );
+}
