@@ -135,6 +135,18 @@ struct Gated {
     hand_offs: Arc<AtomicUsize>,
 }
 
+impl Gated {
+    /// A local launcher under `root`, gated.
+    fn on(root: &std::path::Path) -> Gated {
+        Gated {
+            inner: LocalLauncher::new(runner_command(), root.into(), "default").unwrap(),
+            creating: Arc::default(),
+            open: Arc::default(),
+            hand_offs: Arc::default(),
+        }
+    }
+}
+
 impl Launcher for Gated {
     fn kind(&self) -> &'static str {
         "gated"
@@ -174,12 +186,7 @@ impl Launcher for Gated {
 async fn a_work_stopped_before_its_hand_off_gets_no_secret(db: sqlx::PgPool) {
     let api = TestApp::start(db).await;
     let root = tempfile::tempdir().unwrap();
-    let gated = Gated {
-        inner: LocalLauncher::new(runner_command(), root.path().into(), "default").unwrap(),
-        creating: Arc::default(),
-        open: Arc::default(),
-        hand_offs: Arc::default(),
-    };
+    let gated = Gated::on(root.path());
     let (creating, open, hand_offs) = (
         gated.creating.clone(),
         gated.open.clone(),
@@ -223,12 +230,7 @@ async fn a_work_stopped_before_its_hand_off_gets_no_secret(db: sqlx::PgPool) {
 async fn a_key_revoked_while_every_slot_is_taken_ends_polling_at_once(db: sqlx::PgPool) {
     let api = TestApp::start(db).await;
     let root = tempfile::tempdir().unwrap();
-    let gated = Gated {
-        inner: LocalLauncher::new(runner_command(), root.path().into(), "default").unwrap(),
-        creating: Arc::default(),
-        open: Arc::default(),
-        hand_offs: Arc::default(),
-    };
+    let gated = Gated::on(root.path());
     let (creating, open) = (gated.creating.clone(), gated.open.clone());
     let running = Running::start(&api, config(&api, 1), gated).await;
     Client::new(&api.base, &api.ws_key)
