@@ -397,6 +397,13 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     let hardening = launcher.hardening();
     let sandbox_api = sandbox_api_url(pool, ctx.settings.default_sandbox_api_url.as_deref(), &api);
     let launcher = launcher.with_warm(&sandbox_api);
+    if let Some(egress) = pool.spec.egress.as_ref().filter(|e| e.allow_any) {
+        let broad = egress
+            .allowlist()
+            .map(|list| list.broad())
+            .unwrap_or_default();
+        tracing::warn!(pool = %name, ?broad, "spec.egress.allowAny: egress wildcards over whole top-level domains or everything are admitted");
+    }
     let mut config = Config::new(&pool.spec.environment_id, &sandbox_api);
     config.pool = name.clone();
     config.max_concurrency = pool.spec.max_concurrency as usize;
@@ -526,6 +533,8 @@ async fn usable(ctx: &Context, pool: &WorkerPool) -> Result<(Secret, String), Pr
     }
     pod::validate(pool).map_err(|e| Problem::InvalidSpec(e.to_string()))?;
     let api = api_url(pool, ctx.settings.default_api_url.as_deref())?;
+    let sandbox_api = sandbox_api_url(pool, ctx.settings.default_sandbox_api_url.as_deref(), &api);
+    pod::egress_routing(pool, &sandbox_api).map_err(|e| Problem::InvalidSpec(e.to_string()))?;
     let key = read_key(ctx, pool).await?;
     Ok((key, api))
 }

@@ -5,6 +5,7 @@
 
 use crate::core::launcher::SandboxSpec;
 use crate::core::naming;
+use crate::egress::{url_host, Routing};
 use crate::kubernetes::crd::{
     AccessMode, PodOverrides, WorkerPool, MAX_WARM_REPLICAS, WARM_MAX_AGE_SECONDS,
 };
@@ -142,7 +143,106 @@ pub fn validate(pool: &WorkerPool) -> Result<(), InvalidPool> {
             ));
         }
     }
+    check_egress(pool)?;
     check_overrides(&spec.pod)
+}
+
+/// The variables [`Routing::env`] sets, which the pool's own `pod.env`
+/// may not set too when the pool has a proxy: a second `HTTPS_PROXY`
+/// would decide where the sandbox's traffic goes.
+const PROXY_VARIABLES: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
+/// Every allow entry parses (the first bad one named by its index and
+/// text), a pool that allows any names its proxy, and that proxy is a
+/// `host:port` a sandbox can dial.
+fn check_egress(pool: &WorkerPool) -> Result<(), InvalidPool> {
+    let Some(egress) = &pool.spec.egress else {
+        return Ok(());
+    };
+    for (i, entry) in egress.allow.iter().enumerate() {
+        crate::egress::allow::Entry::parse(entry, egress.allow_any)
+            .map_err(|e| invalid(format!("egress.allow[{i}]"), e.to_string()))?;
+    }
+    if let Some(proxy) = egress.proxy.as_deref().filter(|p| !p.is_empty()) {
+        check_proxy(proxy).map_err(|why| invalid("egress.proxy", why))?;
+    } else if !egress.allow.is_empty() {
+        return Err(invalid(
+            "egress.proxy",
+            "is required when spec.egress.allow is set",
+        ));
+    }
+    if !egress.allow.is_empty() {
+        if let Some(var) = pool
+            .spec
+            .pod
+            .env
+            .iter()
+            .find(|v| PROXY_VARIABLES.contains(&v.name.as_str()))
+        {
+            return Err(invalid(
+                format!("pod.env[{}]", var.name),
+                "is set from spec.egress.proxy when spec.egress.allow is set",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `host:port`: a DNS name or an IP address (IPv6 in brackets), and a
+/// port 1..=65535.
+fn check_proxy(proxy: &str) -> Result<(), String> {
+    let shape = || format!("{proxy:?} is not host:port (`mango-egress.mango.svc:3128`)");
+    let (host, port) = proxy.rsplit_once(':').ok_or_else(shape)?;
+    if !port.bytes().all(|b| b.is_ascii_digit()) || !matches!(port.parse::<u16>(), Ok(1..)) {
+        return Err(format!("{proxy:?}: the port must be 1 to 65535"));
+    }
+    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host.parse::<std::net::Ipv4Addr>().is_ok(),
+    };
+    if ip {
+        return Ok(());
+    }
+    validation::dns1123_subdomain(host).map_err(|e| format!("{proxy:?}: the host {e}"))
+}
+
+/// Where the sandboxes of `pool`, whose runners reach the api at
+/// `base_url`, send what they fetch: the pool's egress proxy, and the
+/// api's host directly. `None` when the pool allows no egress.
+pub fn egress_routing(pool: &WorkerPool, base_url: &str) -> Result<Option<Routing>, InvalidPool> {
+    let Some(egress) = pool.spec.egress.as_ref().filter(|e| !e.allow.is_empty()) else {
+        return Ok(None);
+    };
+    let proxy = egress
+        .proxy
+        .clone()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| invalid("egress.proxy", "is required when spec.egress.allow is set"))?;
+    let no_proxy = url_host(base_url).ok_or_else(|| {
+        invalid(
+            "sandboxApiUrl",
+            format!("the sandboxes' api URL {base_url:?} has no host, which their NO_PROXY names"),
+        )
+    })?;
+    Ok(Some(Routing { proxy, no_proxy }))
+}
+
+/// The proxy variables of the sandbox of Work `work_id` (`""`: a warm
+/// Pod, which has none yet). A pool the operator refused
+/// ([`egress_routing`] failing) runs no Pods; were one built, it would
+/// get no proxy, and so no egress at all.
+fn egress_env(pool: &WorkerPool, base_url: &str, work_id: &str) -> Vec<(String, String)> {
+    match egress_routing(pool, base_url) {
+        Ok(Some(routing)) => routing.env(work_id),
+        _ => Vec::new(),
+    }
 }
 
 fn check_overrides(pod: &PodOverrides) -> Result<(), InvalidPool> {
@@ -354,14 +454,14 @@ pub fn sandbox_pod_on(
     image: &str,
     workspace: Workspace<'_>,
 ) -> Pod {
-    build(
-        pool,
-        &sandbox.name,
-        &sandbox.labels,
-        &sandbox.env,
-        image,
-        workspace,
-    )
+    let base_url = sandbox
+        .env
+        .iter()
+        .find(|(name, _)| name == "MANGO_BASE_URL")
+        .map_or("", |(_, url)| url.as_str());
+    let mut env = sandbox.env.clone();
+    env.extend(egress_env(pool, base_url, &sandbox.item.work_id));
+    build(pool, &sandbox.name, &sandbox.labels, &env, image, workspace)
 }
 
 /// The hardened Pod named `name` with these labels and runner env.

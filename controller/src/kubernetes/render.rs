@@ -268,12 +268,12 @@ pub fn render(text: &str, options: &Options) -> Result<String, String> {
             p.reason()
         )
     })?;
+    let sandbox_api =
+        operator::sandbox_api_url(&pool, options.default_sandbox_api_url.as_deref(), &api);
+    pod::egress_routing(&pool, &sandbox_api)
+        .map_err(|e| format!("{e} (the operator refuses the pool: InvalidSpec)"))?;
     let item = sample_item(&pool, options.work_type);
-    let spec = SandboxSpec::for_item(
-        &item,
-        &pool.name_any(),
-        &operator::sandbox_api_url(&pool, options.default_sandbox_api_url.as_deref(), &api),
-    );
+    let spec = SandboxSpec::for_item(&item, &pool.name_any(), &sandbox_api);
     let refused = |e: crate::core::launcher::LaunchError| e.to_string();
     let mut out = format!(
         "# mango-worker kubernetes render: what the controller creates for one {} item of WorkerPool {} (a dry run).\n",

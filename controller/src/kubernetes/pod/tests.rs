@@ -27,6 +27,7 @@ fn pool() -> WorkerPool {
             start_timeout_seconds: None,
             pod: PodOverrides::default(),
             warm: None,
+            egress: None,
         },
     );
     pool.metadata.namespace = Some("sandboxes".into());
@@ -820,4 +821,201 @@ fn warm_bounds_are_refused_past_their_edges() {
         .unwrap_err()
         .to_string()
         .contains("warm.maxAge"));
+}
+
+fn egress_pool(allow: &[&str], proxy: Option<&str>) -> WorkerPool {
+    let mut pool = pool();
+    pool.spec.egress = Some(crate::kubernetes::crd::EgressSpec {
+        allow: allow.iter().map(|a| a.to_string()).collect(),
+        proxy: proxy.map(str::to_string),
+        ..Default::default()
+    });
+    pool
+}
+
+/// The runner's env of `pod` as (name, value) pairs, in order.
+fn env_of(pod: &Pod) -> Vec<(String, String)> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn proxy_vars(pod: &Pod) -> Vec<(String, String)> {
+    env_of(pod)
+        .into_iter()
+        .filter(|(name, _)| name.to_ascii_uppercase().ends_with("_PROXY"))
+        .collect()
+}
+
+#[test]
+fn a_pool_that_allows_egress_points_cold_and_warm_pods_at_its_proxy() {
+    let pool = egress_pool(&["api.github.com"], Some("mango-egress.mango.svc:3128"));
+    let routing = crate::egress::Routing {
+        proxy: "mango-egress.mango.svc:3128".into(),
+        // The host of the runner's MANGO_BASE_URL (`sandbox`'s http://mango-api:8080).
+        no_proxy: "mango-api".into(),
+    };
+    let cold = sandbox_pod(&pool, &sandbox(Some("sesn_1")), "img");
+    assert_hardened(&cold);
+    assert_eq!(proxy_vars(&cold), routing.env("work_abc"));
+    assert!(env_of(&cold).contains(&(
+        "HTTPS_PROXY".into(),
+        "http://work_abc@mango-egress.mango.svc:3128".into()
+    )));
+    let healthcheck = sandbox_pod(&pool, &sandbox(None), "img");
+    assert_eq!(proxy_vars(&healthcheck), routing.env("work_abc"));
+
+    let warm = warm::warm_pod(&pool, "mango-warm-00ff", "img", "http://api.mango.svc:8081");
+    let warm_routing = crate::egress::Routing {
+        no_proxy: "api.mango.svc".into(),
+        ..routing
+    };
+    assert_eq!(proxy_vars(&warm), warm_routing.env(""));
+    assert!(env_of(&warm).contains(&(
+        "https_proxy".into(),
+        "http://mango-egress.mango.svc:3128".into()
+    )));
+}
+
+#[test]
+fn a_pool_that_allows_no_egress_gives_its_pods_no_proxy() {
+    for pool in [
+        pool(),
+        egress_pool(&[], None),
+        egress_pool(&[], Some("mango-egress.mango.svc:3128")),
+    ] {
+        assert_eq!(validate(&pool), Ok(()));
+        let cold = sandbox_pod(&pool, &sandbox(Some("sesn_1")), "img");
+        let warm = warm::warm_pod(&pool, "mango-warm-00ff", "img", "http://api:8080");
+        assert_eq!(proxy_vars(&cold), [], "{:?}", pool.spec.egress);
+        assert_eq!(proxy_vars(&warm), [], "{:?}", pool.spec.egress);
+    }
+}
+
+#[test]
+fn the_warm_template_changes_with_the_proxy_its_pods_name() {
+    let template = |pool: &WorkerPool| warm::template(pool, "img", "http://api:8080");
+    let closed = template(&pool());
+    let proxied = template(&egress_pool(&["a.example"], Some("egress.mango.svc:3128")));
+    assert_ne!(
+        closed, proxied,
+        "a pool that opens egress recycles its warm Pods"
+    );
+    assert_ne!(
+        proxied,
+        template(&egress_pool(&["a.example"], Some("egress.other.svc:3128"))),
+        "another proxy"
+    );
+    // The proxy reads the allowlist from the pool and applies an edit
+    // live: the Pods' environment is the same, and they are kept.
+    assert_eq!(
+        proxied,
+        template(&egress_pool(
+            &["a.example", "*.b.example:8443"],
+            Some("egress.mango.svc:3128")
+        ))
+    );
+}
+
+#[test]
+fn a_bad_egress_spec_is_refused_naming_the_entry_or_field() {
+    let refused = |pool: &WorkerPool| validate(pool).map_err(|e| e.to_string());
+    let proxy = Some("mango-egress.mango.svc:3128");
+    let err = refused(&egress_pool(&["ok.example", "https://x.example/"], proxy)).unwrap_err();
+    assert!(
+        err.starts_with("spec.egress.allow[1]: egress allowlist entry \"https://x.example/\": "),
+        "{err}"
+    );
+    let err = refused(&egress_pool(&["*.com"], proxy)).unwrap_err();
+    assert!(
+        err.starts_with("spec.egress.allow[0]: egress allowlist entry \"*.com\": is a wildcard"),
+        "{err}"
+    );
+    let mut any = egress_pool(&["*.com", "*"], proxy);
+    any.spec.egress.as_mut().unwrap().allow_any = true;
+    assert_eq!(refused(&any), Ok(()), "allowAny admits them");
+    assert!(refused(&egress_pool(&["a.example", ""], proxy))
+        .unwrap_err()
+        .starts_with("spec.egress.allow[1]: egress allowlist entry \"\": is empty"));
+    for missing in [None, Some("")] {
+        assert_eq!(
+            refused(&egress_pool(&["a.example"], missing)),
+            Err("spec.egress.proxy: is required when spec.egress.allow is set".into())
+        );
+    }
+    for (proxy, ok) in [
+        ("mango-egress.mango.svc:3128", true),
+        ("egress:1", true),
+        ("egress:65535", true),
+        ("10.0.0.7:3128", true),
+        ("[fd00::7]:3128", true),
+        ("egress:0", false),
+        ("egress:65536", false),
+        ("egress:+80", false),
+        ("egress:", false),
+        ("egress", false),
+        ("http://egress:3128", false),
+        ("Egress:3128", false),
+        (":3128", false),
+        ("fd00::7:3128", false),
+    ] {
+        assert_eq!(
+            refused(&egress_pool(&["a.example"], Some(proxy))).is_ok(),
+            ok,
+            "{proxy}: {:?}",
+            refused(&egress_pool(&["a.example"], Some(proxy)))
+        );
+    }
+    assert!(
+        refused(&egress_pool(&[], Some("egress")))
+            .unwrap_err()
+            .starts_with("spec.egress.proxy: \"egress\" is not host:port"),
+        "a proxy named without allow is checked too"
+    );
+}
+
+#[test]
+fn a_pool_with_a_proxy_may_not_set_the_proxy_variables_itself() {
+    let set = |pool: &mut WorkerPool, name: &str| {
+        pool.spec.pod.env = vec![EnvVar {
+            name: name.into(),
+            value: Some("http://elsewhere:3128".into()),
+            value_from: None,
+        }];
+    };
+    for name in ["HTTPS_PROXY", "http_proxy", "NO_PROXY", "no_proxy"] {
+        let mut proxied = egress_pool(&["a.example"], Some("egress:3128"));
+        set(&mut proxied, name);
+        assert_eq!(
+            validate(&proxied).map_err(|e| e.to_string()),
+            Err(format!(
+                "spec.pod.env[{name}]: is set from spec.egress.proxy when spec.egress.allow is set"
+            ))
+        );
+        let mut closed = pool();
+        set(&mut closed, name);
+        assert_eq!(
+            validate(&closed),
+            Ok(()),
+            "without a proxy it is the pool's"
+        );
+    }
+}
+
+#[test]
+fn the_no_proxy_host_is_the_one_the_runner_reaches_the_api_at() {
+    let proxied = egress_pool(&["a.example"], Some("egress:3128"));
+    let routing = egress_routing(&proxied, "http://[fd00::1]:8081/")
+        .unwrap()
+        .unwrap();
+    assert_eq!(routing.no_proxy, "fd00::1");
+    assert_eq!(
+        egress_routing(&proxied, "http://:8081").map_err(|e| e.to_string()),
+        Err("spec.sandboxApiUrl: the sandboxes' api URL \"http://:8081\" has no host, which their NO_PROXY names".into())
+    );
+    assert_eq!(egress_routing(&pool(), "http://:8081"), Ok(None));
 }

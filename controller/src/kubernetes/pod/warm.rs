@@ -2,8 +2,9 @@
 //! the patches that bind them. A warm Pod is the cold Pod of
 //! [`super::sandbox_pod_on`] with no identity: its runner waits
 //! (`--wait`) for one envelope on a stdin that stays open past the first
-//! attach (`stdinOnce: false`), its environment holds only the api's URL
-//! and the workspace path, its labels only the pool's and
+//! attach (`stdinOnce: false`), its environment holds only the api's URL,
+//! the workspace path and the pool's egress proxy (with no Work id in its
+//! URL), its labels only the pool's and
 //! `mango.dev/warm=true`. Its workspace is a fresh PVC of the same name,
 //! owned by the Pod so that it goes with it, unless binding gives it to a
 //! Session (the binding patch drops the owner and adds the Session's label).
@@ -74,7 +75,8 @@ pub fn warm_pod(pool: &WorkerPool, name: &str, image: &str, base_url: &str) -> P
 }
 
 fn unannotated(pool: &WorkerPool, name: &str, image: &str, base_url: &str) -> Pod {
-    let env = [("MANGO_BASE_URL".to_string(), base_url.to_string())];
+    let mut env = vec![("MANGO_BASE_URL".to_string(), base_url.to_string())];
+    env.extend(super::egress_env(pool, base_url, ""));
     let mut pod = build(
         pool,
         name,
