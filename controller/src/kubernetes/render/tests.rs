@@ -103,6 +103,42 @@ fn a_session_item_gets_its_pvc_its_pod_and_an_event_as_the_launcher_makes_them()
     assert!(event.metadata.name.unwrap().starts_with("builders."));
 }
 
+/// A `spec.egress` in place of `maxConcurrency`.
+const EGRESS: &str = "  egress:
+    allow:
+    - api.github.com
+    - \"*.pypi.org\"
+    proxy: mango-egress.mango.svc:3128";
+
+#[test]
+fn a_pool_with_egress_renders_the_pod_its_proxy_variables_point_at_the_proxy() {
+    let text = with("  maxConcurrency: 8", EGRESS);
+    let docs = documents(&render(&text, &options(SampleType::Session)).unwrap());
+    let env: Vec<(String, String)> = docs[1]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let text = |k: &str| v[k].as_str().unwrap().to_string();
+            (text("name"), text("value"))
+        })
+        .collect();
+    let routing = crate::egress::Routing {
+        proxy: "mango-egress.mango.svc:3128".into(),
+        no_proxy: "mango-api.mango.svc.cluster.local".into(),
+    };
+    for var in routing.env(SAMPLE_WORK_ID) {
+        assert!(env.contains(&var), "{var:?} in {env:?}");
+    }
+    let closed = documents(&render(POOL, &options(SampleType::Session)).unwrap());
+    assert!(
+        !closed[1]["spec"]["containers"][0]["env"]
+            .to_string()
+            .contains("PROXY"),
+        "no proxy without spec.egress"
+    );
+}
+
 #[test]
 fn a_healthcheck_gets_a_pod_with_no_pvc() {
     let yaml = render(POOL, &options(SampleType::Healthcheck)).unwrap();
@@ -186,6 +222,10 @@ fn a_bad_pool_is_refused_in_one_line_naming_its_field() {
         (with("  namespace: sandboxes", "  namespace: a.b"), "metadata.namespace: a lowercase RFC 1123 label"),
         (with("apiVersion: mango.dev/v1alpha1", "apiVersion: mango.dev/v1"), "apiVersion: must be mango.dev/v1alpha1"),
         (with("kind: WorkerPool", "kind: Pool"), "kind: must be WorkerPool"),
+        (with("  maxConcurrency: 8", EGRESS).replace("api.github.com", "\"*.com\""), "spec.egress.allow[0]: egress allowlist entry \"*.com\": is a wildcard"),
+        (with("  maxConcurrency: 8", EGRESS).replace("    allow:", "    alow:"), "spec.egress.alow: unknown field"),
+        (with("  maxConcurrency: 8", EGRESS).replace("    proxy: mango-egress.mango.svc:3128\n", ""), "spec.egress.proxy: is required when spec.egress.allow is set"),
+        (with("  maxConcurrency: 8", EGRESS).replace("http://mango-api.mango.svc.cluster.local:8080", "http://:8080"), "spec.sandboxApiUrl: the sandboxes' api URL \"http://:8080\" has no host"),
         (format!("{POOL}---\n{POOL}"), "not one YAML document"),
         ("spec: [".to_string(), "not one YAML document"),
         ("- a\n".to_string(), "not a WorkerPool"),
