@@ -269,3 +269,101 @@ async fn a_secret_read_the_apiserver_fails_now_and_then_keeps_a_running_pool(db:
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
 }
+
+/// A pool with `spec.egress`, admitted by the fake as the CRD's schema says.
+fn make_egress_pool(fake: &ApiServer, api: &TestApp, env_id: &str, key: &str, egress: Value) {
+    fake.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "pool-key", "namespace": NS},
+        "stringData": {"environment-key": key}}))
+        .expect("the Secret is admitted");
+    let _ = api;
+    fake.create(
+        json!({"apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+        "metadata": {"name": "builders", "namespace": NS},
+        "spec": {"environmentId": env_id, "environmentKeySecret": {"name": "pool-key"},
+                 "egress": egress}}),
+    )
+    .expect("the WorkerPool is admitted");
+}
+
+/// A bad allow entry, or an allowlist with no proxy, stops the pool once
+/// (`InvalidSpec`, a Warning Event) with the entry or field named.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_bad_egress_spec_is_invalid_naming_the_entry(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    for (egress, want) in [
+        (
+            json!({"allow": ["pypi.org", "*.com"], "proxy": "mango-egress.mango.svc:3128"}),
+            "spec.egress.allow[1]: egress allowlist entry \"*.com\"",
+        ),
+        (
+            json!({"allow": ["pypi.org"]}),
+            "spec.egress.proxy: is required when spec.egress.allow is set",
+        ),
+    ] {
+        let fake = k8s_strict::fake_with(Options::default()).await;
+        make_egress_pool(&fake, &api, &api.env_id, &api.env_key, egress);
+        let ready = ready_of(&fake, &api, "builders").await;
+        assert_eq!(ready["reason"], "InvalidSpec", "{ready}");
+        let message = ready["message"].as_str().unwrap();
+        assert!(message.starts_with(want), "{message}");
+        let event = fake
+            .names("events", NS)
+            .iter()
+            .filter_map(|e| fake.object("events", NS, e))
+            .find(|e| e["reason"] == "InvalidSpec")
+            .expect("the Warning Event");
+        assert!(event["note"].as_str().unwrap().contains(want), "{event}");
+    }
+}
+
+/// A pool that allows egress: the Pod the fake stores (after its strict
+/// validation) carries the proxy variables, the Work id as proxy user.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pool_with_egress_gives_its_pod_the_proxy_variables(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let fake = k8s_strict::fake_with(Options::default()).await;
+    make_egress_pool(
+        &fake,
+        &api,
+        &api.env_id,
+        &api.env_key,
+        json!({"allow": ["pypi.org"], "proxy": "mango-egress.mango.svc:3128"}),
+    );
+    let ctx = Context::new(k8s_strict::client(&fake).await, settings(&api, "replica-0"));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(operator::run(ctx.clone(), stop.clone()));
+    crate::support::until("the pool Ready", Duration::from_secs(30), async || {
+        condition(&fake, "builders", "Ready").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    let workspace = mango_client::Client::new(&api.base, &api.ws_key);
+    let check = workspace.create_healthcheck(&api.env_id).await.unwrap();
+    crate::support::until("its Pod", Duration::from_secs(60), async || {
+        !fake.pods().is_empty()
+    })
+    .await;
+    let pod = fake.pod(&fake.pods()[0]).unwrap();
+    let env: Vec<(String, String)> = pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            (text("name"), text("value"))
+        })
+        .collect();
+    let work_id = pod["metadata"]["labels"]["mango.dev/work-id"]
+        .as_str()
+        .unwrap();
+    let routing = mango_controller::egress::Routing {
+        proxy: "mango-egress.mango.svc:3128".into(),
+        no_proxy: mango_controller::egress::url_host(&api.base).unwrap(),
+    };
+    for var in routing.env(work_id) {
+        assert!(env.contains(&var), "{var:?} in {env:?}");
+    }
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
+    workspace.stop(&api.env_id, &check.id, true).await.unwrap();
+}
