@@ -140,11 +140,14 @@ pub async fn serve_for_docker(
         listener,
         proxy::ProxyConfig {
             pool: pool.to_string(),
-            allowlist: egress.allowlist,
-            addresses: address::AddressPolicy {
-                allow_private: egress.allow_private,
-                refused: vec![gateway],
-            },
+            policy: proxy::Policy {
+                allowlist: egress.allowlist,
+                addresses: address::AddressPolicy {
+                    allow_private: egress.allow_private,
+                    refused: vec![gateway],
+                },
+            }
+            .fixed(),
             limits: proxy::Limits::default(),
             resolver: egress.resolver,
         },
