@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
     category = "mango",
     // The revision of this schema (`SCHEMA_REVISION`), which the controller
     // compares with the CRD the cluster serves.
-    annotation("mango.dev/schema", "3"),
+    annotation("mango.dev/schema", "4"),
     // The name is the `mango.dev/pool` label of every sandbox Pod.
     validation = Rule::new("self.metadata.name.size() <= 63").message("a WorkerPool's name is its sandbox Pods' mango.dev/pool label value: at most 63 characters"),
     doc = "A pool of hardened sandbox Pods serving one Mango Environment: one Pod per acknowledged Work item.",
@@ -129,6 +129,10 @@ pub struct WorkerPoolSpec {
     /// (spec §7.1). Absent: every item starts cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<WarmPods>,
+    /// What the sandboxes may reach besides the api: named hosts, through
+    /// the pool's egress proxy. Absent, or no `allow`: nothing else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressSpec>,
 }
 
 fn default_max_concurrency() -> u32 {
@@ -148,6 +152,38 @@ pub struct WarmPods {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 60, max = 86400))]
     pub max_age: Option<u32>,
+}
+
+/// The pool's egress allowlist and the proxy that applies it. The proxy
+/// reads `allow`, `allowAny` and `allowPrivate` from the pool itself, so an
+/// edit takes effect without new Pods; the Pods carry only `proxy`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressSpec {
+    /// Names the sandboxes may reach through the proxy: `host[:port]` or
+    /// `*.domain[:port]` (port 443 unless given), as the Docker
+    /// supervisor's `--egress-allow`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// Admit wildcards over a whole top-level domain or everything (`*.com`, `*`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_any: bool,
+    /// Let allowed names resolve to loopback, private and link-local addresses.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_private: bool,
+    /// `host:port` of the pool's egress proxy Service, as sandboxes reach
+    /// it (`mango-egress.mango.svc:3128`). Required with `allow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+}
+
+impl EgressSpec {
+    /// The allowlist `allow` and `allowAny` make, or the first refused entry.
+    pub fn allowlist(
+        &self,
+    ) -> Result<crate::egress::allow::Allowlist, crate::egress::allow::EntryError> {
+        crate::egress::allow::Allowlist::parse(&self.allow, self.allow_any)
+    }
 }
 
 /// The most warm Pods a pool may keep.
@@ -353,7 +389,7 @@ fn conditions(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
 /// an older revision (Helm never upgrades `crds/`) would prune fields this
 /// controller relies on, or admit pools it refuses: the controller then
 /// runs no pool until the CRD is applied.
-pub const SCHEMA_REVISION: u32 = 3;
+pub const SCHEMA_REVISION: u32 = 4;
 pub const SCHEMA_ANNOTATION: &str = "mango.dev/schema";
 /// The CRD's name.
 pub const CRD_NAME: &str = "workerpools.mango.dev";
@@ -404,7 +440,11 @@ mod tests {
 
     /// Each revision's schema by the SHA-256 of its `openAPIV3Schema` (the
     /// first 16 hex digits), oldest first. Revision 1 had no annotation.
-    const SCHEMA_HISTORY: &[(u32, &str)] = &[(2, "9e41fb4737ceac50"), (3, "33e1a1c2d34adfeb")];
+    const SCHEMA_HISTORY: &[(u32, &str)] = &[
+        (2, "9e41fb4737ceac50"),
+        (3, "33e1a1c2d34adfeb"),
+        (4, "9db887acefbf4951"),
+    ];
 
     /// A schema change fails here until the revision is raised, so a
     /// controller always knows a CRD older than its own.
@@ -451,5 +491,24 @@ mod tests {
         assert_eq!(pool.spec.environment_key_secret.key(), "environment-key");
         assert_eq!(pool.spec.workspace, WorkspaceStorage::default());
         assert_eq!(pool.spec.pod, PodOverrides::default());
+        assert_eq!(pool.spec.egress, None);
+    }
+
+    #[test]
+    fn an_egress_spec_parses_with_its_defaults_and_names_a_bad_entry() {
+        let egress: EgressSpec =
+            serde_json::from_value(serde_json::json!({"allow": ["api.example.com"]})).unwrap();
+        assert!(!egress.allow_any && !egress.allow_private && egress.proxy.is_none());
+        assert_eq!(egress.allowlist().unwrap().entries().len(), 1);
+        let broad = EgressSpec {
+            allow: vec!["*.com".into()],
+            ..egress.clone()
+        };
+        assert_eq!(broad.allowlist().unwrap_err().entry, "*.com");
+        let any = EgressSpec {
+            allow_any: true,
+            ..broad
+        };
+        assert_eq!(any.allowlist().unwrap().broad(), ["*.com:443"]);
     }
 }

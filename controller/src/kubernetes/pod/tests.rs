@@ -27,6 +27,7 @@ fn pool() -> WorkerPool {
             start_timeout_seconds: None,
             pod: PodOverrides::default(),
             warm: None,
+            egress: None,
         },
     );
     pool.metadata.namespace = Some("sandboxes".into());
