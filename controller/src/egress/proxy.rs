@@ -112,11 +112,7 @@ impl EgressMetrics {
     }
 
     pub fn render(&self) -> String {
-        let pool = self
-            .pool
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
+        let pool = label_value(&self.pool);
         format!(
             "# HELP mango_egress_decisions_total Egress proxy requests, by the proxy's decision.\n\
              # TYPE mango_egress_decisions_total counter\n\
@@ -126,6 +122,14 @@ impl EgressMetrics {
             self.denied()
         )
     }
+}
+
+/// A Prometheus label value, escaped.
+pub fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// What the proxy admits: names first, then the addresses they resolve
