@@ -1,7 +1,8 @@
 //! `mango-worker`: the supervisor's binary. Its launchers start one sandbox
 //! per acknowledged Work item: `docker` (hardened containers) and `local`
 //! (subprocesses, development only), and `kubernetes` runs the operator
-//! (one hardened Pod per item under a `WorkerPool`); `item` runs one item in this process,
+//! (one hardened Pod per item under a `WorkerPool`), and `egress-proxy` the
+//! egress proxy of one pool; `item` runs one item in this process,
 //! as the seed's `HandleItem` does (the same code as `mango-runner`).
 
 use clap::{Args, Parser, Subcommand};
@@ -56,6 +57,9 @@ enum Command {
     /// Run the Kubernetes operator: one supervisor per WorkerPool, one
     /// hardened Pod per item, a PVC per Session.
     Kubernetes(mango_controller::kubernetes::cli::KubernetesArgs),
+    /// Run the egress proxy of one Kubernetes WorkerPool: admits only the
+    /// names its `spec.egress.allow` lists, and follows its edits live.
+    EgressProxy(mango_controller::egress::pool::EgressProxyArgs),
     /// Run one acknowledged Work item here; the Work secret is read from
     /// stdin (an alias of `mango-runner`).
     Item(Identity),
@@ -158,6 +162,17 @@ fn main() -> ExitCode {
             init_logging();
             block_on(async move {
                 Ok(mango_controller::kubernetes::cli::run(args, shutdown_signal()).await)
+            })
+        }
+        Command::EgressProxy(args) => {
+            init_logging();
+            block_on(async move {
+                mango_controller::egress::pool::run(args, shutdown_signal())
+                    .await
+                    .map(|()| ExitCode::SUCCESS)
+                    .map_err(|err| {
+                        mango_controller::core::launcher::LaunchError::Failed(format!("{err:#}"))
+                    })
             })
         }
         Command::Docker {

@@ -2,10 +2,12 @@
 //! through the proxy the supervisor runs. [`allow`] is the allowlist's
 //! syntax, [`address`] which resolved addresses may be reached,
 //! [`request`] the one request head a connection starts with, and
-//! [`proxy`] the proxy itself.
+//! [`proxy`] the proxy itself; [`pool`] runs it for a Kubernetes
+//! WorkerPool, following the pool's `spec.egress`.
 
 pub mod address;
 pub mod allow;
+pub mod pool;
 pub mod proxy;
 pub mod request;
 
@@ -140,11 +142,14 @@ pub async fn serve_for_docker(
         listener,
         proxy::ProxyConfig {
             pool: pool.to_string(),
-            allowlist: egress.allowlist,
-            addresses: address::AddressPolicy {
-                allow_private: egress.allow_private,
-                refused: vec![gateway],
-            },
+            policy: proxy::Policy {
+                allowlist: egress.allowlist,
+                addresses: address::AddressPolicy {
+                    allow_private: egress.allow_private,
+                    refused: vec![gateway],
+                },
+            }
+            .fixed(),
             limits: proxy::Limits::default(),
             resolver: egress.resolver,
         },

@@ -7,6 +7,10 @@
 //! no traffic either way.
 //! Every decision is logged (pool, Work id, host, port, decision, reason)
 //! and counted; no header or body is.
+//!
+//! The [`Policy`] is read through a `watch` channel at each decision, so a
+//! new allowlist applies to the next connection without a restart; a
+//! connection already admitted keeps running under the policy it got.
 
 use super::address::AddressPolicy;
 use super::allow::Allowlist;
@@ -19,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 /// Resolves names to addresses: the system's resolver, or a fixed table
 /// in tests.
@@ -107,11 +112,7 @@ impl EgressMetrics {
     }
 
     pub fn render(&self) -> String {
-        let pool = self
-            .pool
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
+        let pool = label_value(&self.pool);
         format!(
             "# HELP mango_egress_decisions_total Egress proxy requests, by the proxy's decision.\n\
              # TYPE mango_egress_decisions_total counter\n\
@@ -123,10 +124,35 @@ impl EgressMetrics {
     }
 }
 
-pub struct ProxyConfig {
-    pub pool: String,
+/// A Prometheus label value, escaped.
+pub fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// What the proxy admits: names first, then the addresses they resolve
+/// to. One value, so an edit swaps both at once. The default admits
+/// nothing.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
     pub allowlist: Allowlist,
     pub addresses: AddressPolicy,
+}
+
+impl Policy {
+    /// A policy no one changes (the Docker supervisor's flags): the
+    /// receiver keeps the last value once the sender is gone.
+    pub fn fixed(self) -> watch::Receiver<Policy> {
+        watch::channel(self).1
+    }
+}
+
+pub struct ProxyConfig {
+    pub pool: String,
+    /// Read afresh for every connection.
+    pub policy: watch::Receiver<Policy>,
     pub limits: Limits,
     pub resolver: Arc<dyn Resolve>,
 }
@@ -290,7 +316,9 @@ impl Shared {
     /// address against the policy; the first admitted address that
     /// answers is the destination.
     async fn decide(&self, request: &Request) -> Result<TcpStream, Denial> {
-        if !self.config.allowlist.admits(&request.host, request.port) {
+        // A snapshot: the borrow is a read lock, held no longer than a clone.
+        let policy = self.config.policy.borrow().clone();
+        if !policy.allowlist.admits(&request.host, request.port) {
             return Err(Denial::NotAllowed);
         }
         let name = super::allow::normalize(&request.host).map_err(|_| Denial::NotAllowed)?;
@@ -306,7 +334,7 @@ impl Shared {
             }
             let admitted: Vec<SocketAddr> = addresses
                 .into_iter()
-                .filter(|a| *a != self.own && self.config.addresses.admits(a.ip()))
+                .filter(|a| !self.is_self(*a) && policy.addresses.admits(a.ip()))
                 .collect();
             if admitted.is_empty() {
                 return Err(Denial::RefusedAddress);
@@ -321,6 +349,18 @@ impl Shared {
         tokio::time::timeout(self.config.limits.connect, connect)
             .await
             .unwrap_or(Err(Denial::Unresolved))
+    }
+}
+
+impl Shared {
+    /// The proxy's own listener: its address, or, when it listens on every
+    /// address, its port on loopback (its other addresses are the policy's
+    /// `refused`).
+    fn is_self(&self, destination: SocketAddr) -> bool {
+        destination == self.own
+            || (self.own.ip().is_unspecified()
+                && destination.port() == self.own.port()
+                && destination.ip().is_loopback())
     }
 }
 
@@ -423,3 +463,6 @@ async fn answer(client: &mut TcpStream, status: u16, message: &str) {
     let _ = out.flush().await;
     let _ = out.into_inner().shutdown().await;
 }
+
+#[cfg(test)]
+mod tests;

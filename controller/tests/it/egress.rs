@@ -5,7 +5,7 @@
 use base64::Engine as _;
 use mango_controller::egress::address::AddressPolicy;
 use mango_controller::egress::allow::Allowlist;
-use mango_controller::egress::proxy::{EgressProxy, Limits, ProxyConfig, StaticResolver};
+use mango_controller::egress::proxy::{EgressProxy, Limits, Policy, ProxyConfig, StaticResolver};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,11 +54,14 @@ async fn proxy(allow: &[String], allow_private: bool, limits: Limits) -> EgressP
         listener,
         ProxyConfig {
             pool: "egress-test".into(),
-            allowlist: Allowlist::parse(allow, false).unwrap(),
-            addresses: AddressPolicy {
-                allow_private,
-                refused: vec![],
-            },
+            policy: Policy {
+                allowlist: Allowlist::parse(allow, false).unwrap(),
+                addresses: AddressPolicy {
+                    allow_private,
+                    refused: vec![],
+                },
+            }
+            .fixed(),
             limits,
             resolver: Arc::new(resolver),
         },

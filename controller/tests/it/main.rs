@@ -11,6 +11,7 @@ mod egress;
 mod engine;
 mod faults;
 mod item;
+mod k8s_egress_proxy;
 mod k8s_kubelet;
 mod k8s_launcher;
 mod k8s_leader;
