@@ -389,8 +389,6 @@ def test_an_allowlist_brings_the_egress_proxy_and_none_renders_without() -> None
     pool = one(objs, "WorkerPool", "default")["spec"]
     assert pool["egress"] == {
         "allow": ["example.com", "*.example.org:8443"],
-        "allowAny": False,
-        "allowPrivate": False,
         "proxy": "mango-egress.mango.svc:3128",
     }
     sandbox = one(objs, "NetworkPolicy", "mango-sandbox")["spec"]["egress"]
