@@ -275,6 +275,12 @@ def test_the_values_schema_covers_every_value_and_refuses_typos() -> None:
             ({"api": {"networkPolicy": {"from": [{}]}}}, "/api/networkPolicy/from/0"),
             ({"monitoring": {"podMonitor": {"interval": "soon"}}}, "/monitoring/podMonitor/interval"),
             ({"monitoring": {"prometheusRule": {"queuedAgeSeconds": 0}}}, "/monitoring/prometheusRule/queuedAgeSeconds"),
+            ({"pool": {"egress": {"allow": "example.com"}}}, "/pool/egress/allow"),
+            ({"pool": {"egress": {"allow": ["a.com", "a.com"]}}}, "/pool/egress/allow"),
+            ({"pool": {"egress": {"allowAny": "yes"}}}, "/pool/egress/allowAny"),
+            ({"egressProxy": {"port": 0}}, "/egressProxy/port"),
+            ({"egressProxy": {"networkPolicy": {"apiServer": {"ports": []}}}}, "/egressProxy/networkPolicy/apiServer/ports"),
+            ({"egressProxy": {"image": {"digest": "latest"}}}, "/egressProxy/image/digest"),
         ]:
             with pytest.raises(helm_python.HelmError) as err:
                 render(bad)
@@ -319,17 +325,121 @@ def test_the_sandboxes_dns_egress_is_where_the_cluster_answers(dns: Dict[str, An
     assert rule["ports"] == ports
 
 
-def test_the_api_and_controller_admit_ingress_on_their_one_port_only() -> None:
+SANDBOX_PODS = {
+    "podSelector": {
+        "matchLabels": {"app.kubernetes.io/managed-by": "mango-worker"},
+        "matchExpressions": [{"key": "mango.dev/pool", "operator": "Exists"}],
+    }
+}
+
+
+def test_the_api_and_controller_admit_ingress_on_their_ports_each_from_its_callers() -> None:
     objs = objects(DEFAULT)
-    for name, component, port in [("mango-api", "api", 8080), ("mango-controller", "controller", 9464)]:
+    for name, component, ingress in [
+        (
+            "mango-api",
+            "api",
+            [
+                {"ports": [{"port": 8080, "protocol": "TCP"}]},
+                {"from": [SANDBOX_PODS], "ports": [{"port": 8081, "protocol": "TCP"}]},
+                {"ports": [{"port": 9465, "protocol": "TCP"}]},
+            ],
+        ),
+        ("mango-controller", "controller", [{"ports": [{"port": 9464, "protocol": "TCP"}]}]),
+    ]:
         policy = one(objs, "NetworkPolicy", name)["spec"]
         assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
         assert policy["policyTypes"] == ["Ingress"], "egress stays open"
-        assert policy["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}]}]
+        assert policy["ingress"] == ingress
     peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    objs = objects({"controller": {"networkPolicy": {"metricsFrom": peers}}, "api": {"networkPolicy": {"enabled": False}}})
+    clients = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}}]
+    objs = objects(
+        {
+            "controller": {"networkPolicy": {"metricsFrom": peers}},
+            "api": {"networkPolicy": {"from": clients, "metricsFrom": peers}},
+        }
+    )
     assert one(objs, "NetworkPolicy", "mango-controller")["spec"]["ingress"][0]["from"] == peers
+    api = one(objs, "NetworkPolicy", "mango-api")["spec"]["ingress"]
+    assert [rule.get("from") for rule in api] == [clients, [SANDBOX_PODS], peers], (
+        "api.networkPolicy.from never narrows the sandboxes' port away from the sandboxes"
+    )
+    objs = objects({"api": {"networkPolicy": {"enabled": False}}})
     assert not [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "mango-api"]
+
+
+POOL = {"enabled": True, "environmentId": "env_1", "environmentKeySecret": {"name": "pool-key"}}
+EGRESS_OBJECTS = {
+    ("Deployment", "mango-egress"),
+    ("Service", "mango-egress"),
+    ("ServiceAccount", "mango-egress"),
+    ("Role", "mango-egress"),
+    ("RoleBinding", "mango-egress"),
+    ("NetworkPolicy", "mango-egress"),
+}
+
+
+def names(objs: List[Dict[str, Any]]) -> set:
+    return {(o["kind"], o["metadata"]["name"]) for o in objs}
+
+
+def test_an_allowlist_brings_the_egress_proxy_and_none_renders_without() -> None:
+    objs = objects({"pool": dict(POOL, egress={"allow": ["example.com", "*.example.org:8443"]})})
+    assert EGRESS_OBJECTS <= names(objs)
+    pool = one(objs, "WorkerPool", "default")["spec"]
+    assert pool["egress"] == {
+        "allow": ["example.com", "*.example.org:8443"],
+        "proxy": "mango-egress.mango.svc:3128",
+    }
+    sandbox = one(objs, "NetworkPolicy", "mango-sandbox")["spec"]["egress"]
+    assert len(sandbox) == 3, "the api, DNS and the proxy"
+    # No allowlist, or no pool: no proxy and no spec.egress.
+    for values in [{"pool": POOL}, {"pool": {"egress": {"allow": ["example.com"]}}}, DEFAULT]:
+        objs = objects(values)
+        assert not EGRESS_OBJECTS & names(objs), values
+        assert not [o for o in objs if "/templates/egress/" in o["__source"]], values
+        assert all("egress" not in o["spec"] for o in objs if o["kind"] == "WorkerPool")
+        assert len(one(objs, "NetworkPolicy", "mango-sandbox")["spec"]["egress"]) == 2, "the api and DNS"
+    # Off: no proxy policy, the rest stays.
+    objs = objects(
+        {"pool": dict(POOL, egress={"allow": ["example.com"]}), "egressProxy": {"networkPolicy": {"enabled": False}}}
+    )
+    assert ("NetworkPolicy", "mango-egress") not in names(objs)
+    assert ("Deployment", "mango-egress") in names(objs)
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("https://example.com", 'entry "https://example.com": takes a name and an optional port'),
+        ("10.0.0.1", 'entry "10.0.0.1": is an IP address'),
+        ("[::1]:443", 'entry "[::1]:443": takes a name and an optional port'),
+        ("example.com:0", 'entry "example.com:0": port 0 is outside 1..=65535'),
+        ("example.com:65536", "port 65536 is outside 1..=65535"),
+        ("example.com:https", 'port "https" is not a number'),
+        ("*.com", 'entry "*.com": is a wildcard over a whole top-level domain or everything'),
+        ("*", 'entry "*": is a wildcard over a whole top-level domain'),
+        ("a.*.example.com", "`*` is allowed only as the whole leftmost label"),
+        ("", "/pool/egress/allow/0"),
+        ("a.com,b.com", "/pool/egress/allow/0"),
+    ],
+    ids=["url", "ipv4", "ipv6", "port-0", "port-65536", "port-name", "tld-wildcard", "star", "inner-star", "empty", "comma-list"],
+)
+def test_a_bad_allow_entry_is_refused_at_render_naming_it(entry: str, message: str) -> None:
+    with pytest.raises(helm_python.HelmError) as err:
+        render({"pool": dict(POOL, egress={"allow": [entry]})})
+    assert message in str(err.value), str(err.value)
+
+
+def test_allow_any_admits_wide_wildcards_and_the_edge_ports_render() -> None:
+    objs = objects({"pool": dict(POOL, egress={"allow": ["*", "*.com:1", "example.com:65535"], "allowAny": True})})
+    rules = one(objs, "NetworkPolicy", "mango-egress")["spec"]["egress"]
+    assert rules[-1]["ports"] == [
+        {"port": 443, "protocol": "TCP"},
+        {"port": 1, "protocol": "TCP"},
+        {"port": 65535, "protocol": "TCP"},
+    ]
+    assert one(objs, "WorkerPool", "default")["spec"]["egress"]["allowAny"] is True
 
 
 def test_an_image_digest_pins_every_image() -> None:

@@ -1,6 +1,6 @@
 """Checks by tools this project did not write, on what reaches a cluster:
-every manifest the chart renders (default and production values) and the
-PVC, Pod and Event `mango-worker kubernetes render` prints for a sample
+every manifest the chart renders (default and production values, and a pool
+with an egress allowlist) and the PVC, Pod and Event `mango-worker kubernetes render` prints for a sample
 item, against
 
 - the upstream OpenAPI schemas of every Kubernetes minor version from 1.30
@@ -94,11 +94,24 @@ def chart_objects(values: Dict[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
     return [(doc["source"], yaml.load(doc["yaml"], PlainLoader)) for doc in render(values)]
 
 
+# A pool with an egress allowlist: the release then has the egress proxy
+# (its Deployment, Service, RBAC and NetworkPolicy) and the pool a spec.egress.
+EGRESS = {
+    "pool": {
+        "enabled": True,
+        "environmentId": "env_1",
+        "environmentKeySecret": {"name": "mango-pool-key"},
+        "egress": {"allow": ["example.com", "*.example.org:8443"]},
+    }
+}
+
+
 @functools.lru_cache(maxsize=None)
 def releases() -> Dict[str, List[Tuple[str, Dict[str, Any]]]]:
     return {
         "default": chart_objects({}),
         "production": chart_objects(load_values([PRODUCTION_VALUES])),
+        "egress": chart_objects(EGRESS),
     }
 
 
@@ -183,6 +196,9 @@ def test_every_manifest_and_rendered_object_matches_the_upstream_schema(version:
     kinds = {o["kind"] for _, o in objects}
     # What the controller creates is there, not only the chart.
     assert {"Pod", "PersistentVolumeClaim", "Event", "Deployment", "WorkerPool", "CustomResourceDefinition"} <= kinds
+    assert any(o["kind"] == "Deployment" and o["metadata"]["name"] == "mango-egress" for _, o in objects), (
+        "the egress proxy is checked too"
+    )
     failures = {
         f"{where} {o['kind']}/{o['metadata'].get('name')}": errs
         for where, o in objects
@@ -253,6 +269,10 @@ def checkov_failures() -> Set[Tuple[str, str]]:
         chart = [o for _, o in releases()["default"]]
         Path(tmp, "chart.yaml").write_text(yaml.safe_dump_all(chart))
         Path(tmp, "sandbox.yaml").write_text(yaml.safe_dump_all(rendered_items()["session"]))
+        # The egress proxy's objects, which the default release has not.
+        egress = [o for source, o in releases()["egress"] if "/templates/egress/" in source]
+        assert egress, "the egress release renders the proxy"
+        Path(tmp, "egress.yaml").write_text(yaml.safe_dump_all(egress))
         env = dict(os.environ, BC_SKIP_MAPPING="TRUE", CKV_SKIP_PACKAGE_UPDATE_CHECK="TRUE")
         done = subprocess.run(
             [str(Path(sys.executable).parent / "checkov"), "-d", tmp, "--framework", "kubernetes",

@@ -103,3 +103,67 @@ fsGroup: {{ .uid }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/* The egress proxy renders for the release's pool when it has an allowlist. */}}
+{{- define "mango.egressEnabled" -}}
+{{- if and .Values.pool.enabled .Values.pool.egress.allow }}true{{ end }}
+{{- end }}
+
+{{- define "mango.egressName" -}}
+{{- printf "%s-egress" (include "mango.fullname" .) }}
+{{- end }}
+
+{{/* host:port of the proxy's Service, as the WorkerPool's spec.egress.proxy names it. */}}
+{{- define "mango.egressProxy" -}}
+{{- printf "%s.%s.svc:%d" (include "mango.egressName" .) .Release.Namespace (int .Values.egressProxy.port) }}
+{{- end }}
+
+{{/*
+The distinct ports of pool.egress.allow, as a JSON list of numbers;
+refuses at render, naming the entry, what the controller would refuse too:
+a URL, an IP address, a port outside 1–65535, a misplaced `*`, and a
+wildcard over a whole top-level domain or everything without allowAny.
+The controller checks every entry in full (controller/src/egress/allow.rs).
+*/}}
+{{- define "mango.egressPorts" -}}
+{{- $ports := list }}
+{{- range .Values.pool.egress.allow }}
+{{- $entry := trim . }}
+{{- $why := printf "pool.egress.allow entry %q" . }}
+{{- if not $entry }}
+{{- fail (printf "%s: is empty" $why) }}
+{{- end }}
+{{- if or (contains "/" $entry) (hasPrefix "[" $entry) }}
+{{- fail (printf "%s: takes a name and an optional port (host[:port]), not a URL or an IP address" $why) }}
+{{- end }}
+{{- $host := $entry }}
+{{- $port := 443 }}
+{{- if contains ":" $entry }}
+{{- $parts := splitList ":" $entry }}
+{{- $text := last $parts }}
+{{- $host = join ":" (initial $parts) }}
+{{- if not (regexMatch "^[0-9]{1,5}$" $text) }}
+{{- fail (printf "%s: port %q is not a number 1..=65535" $why $text) }}
+{{- end }}
+{{- $port = atoi $text }}
+{{- if or (lt $port 1) (gt $port 65535) }}
+{{- fail (printf "%s: port %d is outside 1..=65535" $why $port) }}
+{{- end }}
+{{- end }}
+{{- if contains ":" $host }}
+{{- fail (printf "%s: is an IP address; the allowlist takes names, which the proxy resolves itself" $why) }}
+{{- end }}
+{{- if regexMatch "^[0-9.]+$" $host }}
+{{- fail (printf "%s: is an IP address; the allowlist takes names, which the proxy resolves itself" $why) }}
+{{- end }}
+{{- $rest := trimPrefix "*." $host }}
+{{- if contains "*" (ternary "" $rest (eq $host "*")) }}
+{{- fail (printf "%s: `*` is allowed only as the whole leftmost label" $why) }}
+{{- end }}
+{{- if and (hasPrefix "*" $host) (not $.Values.pool.egress.allowAny) (or (eq $host "*") (not (contains "." $rest))) }}
+{{- fail (printf "%s: is a wildcard over a whole top-level domain or everything; name a domain with at least two labels (`*.example.com`), or set pool.egress.allowAny to mean it" $why) }}
+{{- end }}
+{{- $ports = append $ports $port }}
+{{- end }}
+{{- $ports | uniq | toJson }}
+{{- end }}

@@ -89,6 +89,8 @@ struct Renders {
     openshift_dns: Release,
     /// DNS from NodeLocal DNSCache, on a node-local address.
     node_local_dns: Release,
+    /// A pool with an egress allowlist, every egress value at its default.
+    egress: Release,
 }
 
 fn openshift_dns() -> Value {
@@ -157,6 +159,23 @@ fn full_values() -> Value {
                 "env": [{"name": "LANG", "value": "C.UTF-8"}],
                 "imagePullSecrets": [{"name": "registry"}],
                 "tmpSizeLimit": "128Mi",
+            },
+            "egress": {
+                "allow": ["example.com", "*.example.org:8443", "pypi.org:443"],
+                "allowPrivate": true,
+            },
+        },
+        "egressProxy": {
+            "replicas": 3,
+            "podAnnotations": {"note": "x"},
+            "nodeSelector": {"pool": "system"},
+            "tolerations": [{"key": "system", "operator": "Exists", "effect": "NoSchedule"}],
+            "networkPolicy": {
+                "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                "apiServer": {
+                    "peers": [{"ipBlock": {"cidr": "172.18.0.2/32"}}],
+                    "ports": [{"port": 6443, "protocol": "TCP"}],
+                },
             },
         },
     })
@@ -236,6 +255,7 @@ fn renders() -> Option<&'static Renders> {
             full: render(&python, &[], &full_values()),
             openshift_dns: render(&python, &[], &openshift_dns()),
             node_local_dns: render(&python, &[], &node_local_dns()),
+            egress: render(&python, &[], &egress::values()),
         })
     });
     match renders {
@@ -523,6 +543,9 @@ fn port(p: &NetworkPolicyPort) -> (String, i32) {
 
 // ---------------------------------------------------------------- the tests
 
+// After the lookups: `all_of!` and `named!` are in scope from here on.
+mod egress;
+
 /// `charts/mango/crds/` ships what `crdgen` generates (`crds/`). No Helm
 /// needed: this one always runs.
 #[test]
@@ -583,11 +606,13 @@ fn every_manifest_parses_strictly_as_its_type() {
 }
 
 /// The sandboxes: nothing reaches them, and they reach only the api Pods
-/// (on the api's sandbox port) and DNS.
+/// (on the api's sandbox port) and DNS; with an allowlist, the egress
+/// proxy's Pods too (`egress::`), and without one no proxy exists.
 #[test]
 fn sandboxes_are_default_deny_with_only_api_and_dns_egress() {
     let Some(r) = renders() else { return };
-    for (name, release) in releases(r) {
+    for (name, release) in [("default", &r.default), ("production", &r.production)] {
+        egress::assert_no_proxy(name, release);
         let policy = named!(release, NetworkPolicy, "mango-sandbox");
         let spec = policy.spec.as_ref().unwrap();
         assert_eq!(
@@ -1014,8 +1039,8 @@ fn every_pod_of_the_chart_runs_hardened() {
             assert_eq!(spec.enable_service_links, Some(false), "{at}");
             assert_eq!(
                 spec.automount_service_account_token,
-                Some(pod_name == "mango-controller"),
-                "{at}: only the controller holds a Kubernetes token"
+                Some(pod_name == "mango-controller" || pod_name == "mango-egress"),
+                "{at}: only the controller and the egress proxy hold a Kubernetes token"
             );
             for c in spec
                 .containers
