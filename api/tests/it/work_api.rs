@@ -7,7 +7,7 @@ use mango_testkit::*;
 
 use chrono::Duration as Span;
 use mango_api::clock::ManualClock;
-use mango_api::{ApiContext, Settings};
+use mango_api::Settings;
 use mango_protocol::time::Timestamp;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -1117,7 +1117,11 @@ async fn result_stores_the_outcome_and_stops(db: sqlx::PgPool) {
         assert_error(&r, 409, "conflict_error", Some("result_conflict"));
         assert_final(&r);
     }
-    assert_eq!(without_lease(app.get_work(&c.id).await), r.body, "the result is immutable");
+    assert_eq!(
+        without_lease(app.get_work(&c.id).await),
+        r.body,
+        "the result is immutable"
+    );
     assert!(app.poll().await.is_none());
 }
 
@@ -1786,16 +1790,7 @@ async fn lease_of(app: &TestApp, id: &str) -> Value {
 /// time left that matched is the api's count and no one else's.
 async fn app_on_manual_clock(db: sqlx::PgPool) -> (TestApp, ManualClock) {
     let clock = ManualClock::starting_at(mango_protocol::time::now() - Span::days(400));
-    let pool = mango_api::db::api_pool(&db, 16).await.unwrap();
-    let mut ctx = ApiContext::new(
-        pool,
-        Settings {
-            caller_plays_model: true,
-            ..Settings::default()
-        },
-    );
-    ctx.clock = clock.clone().into();
-    (TestApp::serve(db, ctx).await, clock)
+    (TestApp::start_on_clock(db, clock.clone()).await, clock)
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
