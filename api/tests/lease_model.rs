@@ -499,6 +499,7 @@ impl Real {
                     key_id: &self.key_id,
                     block: None,
                     reclaim_after: reclaim_after(),
+                    worker_id: None,
                 };
                 match poll::poll(ctx, request, None).await {
                     Ok(None) => (Outcome::Polled(None), Learned::Nothing),

@@ -307,7 +307,8 @@ async fn ceiling_cycle(s: &Shared, times: &mut [Duration; 6]) -> anyhow::Result<
     let token = ids::new_secret(ids::SESSIONS_TOKEN_PREFIX);
     let digest = ids::sha256(&token);
     let now = time::now();
-    let Some(claimed) = work::claim(&mut *db, env, &s.key_id, now, s.reclaim, &digest).await?
+    let Some(claimed) =
+        work::claim(&mut *db, env, &s.key_id, now, s.reclaim, &digest, None).await?
     else {
         return Ok(false);
     };

@@ -178,6 +178,33 @@ pub struct Work {
     /// the same claim conflicts. The SDKs ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<i64>,
+    /// Mango's extension, on Workspace-key reads only (Create, Get, List,
+    /// Update): who holds the item and how long its lease has left. The
+    /// SDKs ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<WorkLease>,
+}
+
+/// Who claimed a Work item and how long its lease has left, for operators
+/// (Mango's extension, in `Work.lease`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WorkLease {
+    /// The number of the item's current or last claim: 0 while nobody has
+    /// claimed it, one more per reclaim (the number Poll answered).
+    pub claim: i64,
+    /// The worker id that claim's poller sent (`Anthropic-Worker-ID` or
+    /// `worker_id`); null when it sent none or nobody claimed the item.
+    pub worker_id: Option<String>,
+    /// When the lease runs out unless heartbeats extend it; null while no
+    /// lease runs (queued, a claim not yet acknowledged, stopped).
+    #[serde(with = "serde_ts::option")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = DateTime))]
+    pub expires_at: Option<Timestamp>,
+    /// Milliseconds left until `expires_at` by the api's clock when it
+    /// answered (0 once it has passed); null with `expires_at`. Clients show
+    /// this rather than subtract their own clock.
+    pub remaining_ms: Option<i64>,
 }
 
 /// Mango's extension for supervisors (`GET …/work/claims`, Environment

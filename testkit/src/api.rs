@@ -57,6 +57,21 @@ impl TestApp {
         .await
     }
 
+    /// [`TestApp::start`] on `clock`, a clock the test moves (the Work
+    /// lease paths read it: spec §3–§4 edges, and times left as the api counts them).
+    pub async fn start_on_clock(db: PgPool, clock: mango_api::clock::ManualClock) -> TestApp {
+        let pool = mango_api::db::api_pool(&db, 16).await.unwrap();
+        let mut ctx = ApiContext::new(
+            pool,
+            Settings {
+                caller_plays_model: true,
+                ..Settings::default()
+            },
+        );
+        ctx.clock = clock.into();
+        Self::serve(db, ctx).await
+    }
+
     /// The api with `settings` over the database `db` points at.
     pub async fn start_with(db: PgPool, settings: Settings) -> TestApp {
         // The server runs as `mango serve` does, as a named api process; the

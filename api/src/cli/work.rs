@@ -2,7 +2,7 @@
 
 use super::error::{Failure, OrFailure};
 use super::print_json;
-use super::table::{age, age_or_dash, short, Table};
+use super::table::{age, short, span, Table};
 use clap::Subcommand;
 use mango_client::Client;
 use mango_protocol::time::{self, Timestamp};
@@ -217,6 +217,40 @@ fn result(work: &Work) -> String {
     )
 }
 
+/// The claim number, `-` while nobody has claimed the item.
+fn claim(work: &Work) -> String {
+    match &work.lease {
+        Some(lease) if lease.claim > 0 => lease.claim.to_string(),
+        _ => "-".to_string(),
+    }
+}
+
+/// The worker id the claim's poller sent, `-` when there is none.
+fn worker(work: &Work) -> String {
+    work.lease
+        .as_ref()
+        .and_then(|l| l.worker_id.as_deref())
+        .map_or_else(|| "-".to_string(), |w| short(w, 40))
+}
+
+/// The lease's time left as the api counted it (not this machine's clock):
+/// rounded up, so `0s` never shows a lease that still runs; `expired` once
+/// it ran out, `-` with no lease running.
+fn lease_left(work: &Work) -> String {
+    match work.lease.as_ref().and_then(|l| l.remaining_ms) {
+        None => "-".to_string(),
+        Some(0) => "expired".to_string(),
+        Some(ms) => span((ms + 999) / 1000),
+    }
+}
+
+fn lease_expires(work: &Work) -> String {
+    work.lease
+        .as_ref()
+        .and_then(|l| l.expires_at)
+        .map_or_else(|| "-".to_string(), |t| time::format(&t))
+}
+
 fn table(items: &[Work], with_environment: bool, now: Timestamp) -> String {
     let mut header = vec![
         "ID",
@@ -224,7 +258,9 @@ fn table(items: &[Work], with_environment: bool, now: Timestamp) -> String {
         "SESSION",
         "STATE",
         "AGE",
-        "HEARTBEAT",
+        "CLAIM",
+        "WORKER",
+        "LEASE LEFT",
         "RESULT",
     ];
     if with_environment {
@@ -238,7 +274,9 @@ fn table(items: &[Work], with_environment: bool, now: Timestamp) -> String {
             w.data.session_id().unwrap_or("-").to_string(),
             w.state.to_string(),
             age(w.created_at, now),
-            age_or_dash(w.latest_heartbeat_at, now),
+            claim(w),
+            worker(w),
+            lease_left(w),
             result(w),
         ];
         if with_environment {
@@ -267,6 +305,10 @@ fn details(w: &Work, now: Timestamp) -> String {
         ("acknowledged", at(w.acknowledged_at)),
         ("started", at(w.started_at)),
         ("last heartbeat", at(w.latest_heartbeat_at)),
+        ("claim", claim(w)),
+        ("worker", worker(w)),
+        ("lease expires", lease_expires(w)),
+        ("lease left", lease_left(w)),
         ("stop requested", at(w.stop_requested_at)),
         ("stopped", at(w.stopped_at)),
         ("result", result(w)),

@@ -48,9 +48,11 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         .routes(routes!(fail))
 }
 
-/// The item as of now (reads show reconciled state).
+/// The item as of now (reads show reconciled state), as a Workspace key
+/// reads it: with its holder and lease time left.
 fn render_now(ctx: &ApiContext, row: &WorkRow) -> Json<Work> {
-    Json(row.render(&row.lease().reconcile(ctx.now()), None))
+    let now = ctx.now();
+    Json(row.render_for_operator(&row.lease().reconcile(now), now))
 }
 
 // ------------------------------------------------------------------ operator endpoints
@@ -174,7 +176,7 @@ async fn list(
     let now = ctx.now();
     let data = rows
         .iter()
-        .map(|r| r.render(&r.lease().reconcile(now), None))
+        .map(|r| r.render_for_operator(&r.lease().reconcile(now), now))
         .collect();
     Ok(Json(Page { data, next_page }))
 }
@@ -251,13 +253,8 @@ async fn poll(
         .int("reclaim_older_than_ms", 0, MAX_RECLAIM_MS)?
         .map(Duration::milliseconds)
         .unwrap_or(ctx.settings.default_reclaim);
-    let worker_id = headers
-        .get("anthropic-worker-id")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| params.str("worker_id"))
-        .filter(|w| !w.is_empty());
+    let worker_id = worker_id(&headers, &params)?;
     if let Some(worker) = worker_id {
-        check_len("worker id", worker, MAX_WORKER_ID_CHARS)?;
         ctx.note_worker(&env, worker);
     }
     let request = PollRequest {
@@ -265,11 +262,38 @@ async fn poll(
         key_id: &key.id,
         block,
         reclaim_after,
+        worker_id,
     };
     let claimed = poll::poll(&ctx, request, Some(conn)).await?;
     Ok(Json(claimed.map(|(row, secret)| {
         row.render(&row.lease().reconcile(ctx.now()), Some(secret))
     })))
+}
+
+/// The poller's worker id: the `anthropic-worker-id` header, else the
+/// `worker_id` query parameter; empty is no id. It is shown to operators
+/// (terminals, tables), so it is refused, not cut, when it is longer than
+/// [`MAX_WORKER_ID_CHARS`] or holds a control character: a cut id would name
+/// a different worker.
+fn worker_id<'a>(headers: &'a HeaderMap, params: &'a Params) -> ApiResult<Option<&'a str>> {
+    let worker = match headers.get("anthropic-worker-id") {
+        Some(value) => Some(value.to_str().map_err(|_| {
+            ApiError::invalid_parameter("the anthropic-worker-id header must be printable ASCII")
+        })?),
+        None => params.str("worker_id"),
+    };
+    let Some(worker) = worker.filter(|w| !w.is_empty()) else {
+        return Ok(None);
+    };
+    check_len("worker id", worker, MAX_WORKER_ID_CHARS)?;
+    if let Some((at, c)) = worker.chars().enumerate().find(|(_, c)| c.is_control()) {
+        return Err(ApiError::invalid_parameter(format!(
+            "worker id must be printable; character {} is the control character U+{:04X}",
+            at + 1,
+            c as u32
+        )));
+    }
+    Ok(Some(worker))
 }
 
 /// Most items one claims request asks about (a supervisor's live sandboxes).

@@ -20,6 +20,8 @@ pub struct PollRequest<'a> {
     /// How long to wait for work; `None` answers at once.
     pub block: Option<std::time::Duration>,
     pub reclaim_after: Duration,
+    /// The poller's worker id, recorded on the item it claims.
+    pub worker_id: Option<&'a str>,
 }
 
 /// Claims the oldest available item, waiting up to `block` for one; the
@@ -53,6 +55,7 @@ pub async fn poll(
             now,
             request.reclaim_after,
             &ids::sha256(&token),
+            request.worker_id,
         )
         .await?;
         if let Some(row) = claimed {

@@ -6,7 +6,7 @@ use crate::lease::{Lease, WorkEnd};
 use crate::metadata;
 use chrono::Duration;
 use mango_protocol::time::Timestamp;
-use mango_protocol::{CheckResult, WireEnum, Work, WorkData, WorkState, WorkType};
+use mango_protocol::{CheckResult, WireEnum, Work, WorkData, WorkLease, WorkState, WorkType};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgExecutor, Row};
@@ -40,6 +40,8 @@ pub struct WorkRow {
     pub result: Option<CheckResult>,
     pub result_committed_at: Option<Timestamp>,
     pub end_reason: Option<WorkEnd>,
+    /// The worker id its current or last claim's poller named, if any.
+    pub worker_id: Option<String>,
 }
 
 fn decoded<T: WireEnum>(column: &str, text: &str) -> sqlx::Result<T> {
@@ -92,6 +94,7 @@ impl<'r> FromRow<'r, PgRow> for WorkRow {
                     })
                 })
                 .transpose()?,
+            worker_id: row.try_get("worker_id")?,
         })
     }
 }
@@ -146,14 +149,31 @@ impl WorkRow {
             expires_at: lease.expires_at,
             result: lease.result.clone(),
             claim,
+            lease: None,
         }
+    }
+
+    /// The wire object a Workspace key reads: [`Self::render`] with who
+    /// holds the item and its lease's time left as of `now` (the api's
+    /// clock, so every client shows the same).
+    pub fn render_for_operator(&self, lease: &Lease, now: Timestamp) -> Work {
+        let mut work = self.render(lease, None);
+        work.lease = Some(WorkLease {
+            claim: self.claim_epoch,
+            worker_id: self.worker_id.clone(),
+            expires_at: lease.lease_expires_at,
+            remaining_ms: lease
+                .lease_expires_at
+                .map(|at| (at - now).num_milliseconds().max(0)),
+        });
+        work
     }
 }
 
 const COLUMNS: &str = "id, environment_id, kind, session_id, metadata, state, row_version, claim_epoch, \
     token_sha256, claimed_at, created_at, acknowledged_at, started_at, latest_heartbeat_at, \
     previous_heartbeat_at, lease_expires_at, ttl_seconds, stop_requested_at, stopped_at, expires_at, \
-    result_status, result_message, result_committed_at, end_reason";
+    result_status, result_message, result_committed_at, end_reason, worker_id";
 
 pub struct NewWork<'a> {
     pub id: &'a str,
@@ -235,7 +255,8 @@ pub fn claim_statement() -> &'static str {
 }
 
 /// The claim statement's text.
-/// Parameters: environment id, key id, now, reclaim cutoff, token digest.
+/// Parameters: environment id, key id, now, reclaim cutoff, token digest,
+/// worker id.
 fn claim_sql() -> &'static str {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
@@ -256,7 +277,7 @@ fn claim_sql() -> &'static str {
              )
              UPDATE work SET
                  state = 'queued', claim_epoch = work.claim_epoch + 1, token_sha256 = $5,
-                 claimed_by = $2,
+                 claimed_by = $2, worker_id = $6,
                  claimed_at = $3, acknowledged_at = NULL, started_at = NULL,
                  latest_heartbeat_at = NULL, previous_heartbeat_at = NULL,
                  lease_expires_at = NULL, stop_requested_at = NULL, end_reason = NULL,
@@ -286,6 +307,7 @@ pub async fn claim(
     now: Timestamp,
     reclaim_after: Duration,
     token_sha256: &[u8],
+    worker_id: Option<&str>,
 ) -> sqlx::Result<Option<WorkRow>> {
     sqlx::query_as(claim_sql())
         .bind(environment_id)
@@ -293,6 +315,7 @@ pub async fn claim(
         .bind(now)
         .bind(now - reclaim_after)
         .bind(token_sha256)
+        .bind(worker_id)
         .fetch_optional(db)
         .await
 }

@@ -262,7 +262,17 @@ async fn world(app: &TestApp, t: &Target) -> Value {
     ] {
         let r = app.call(Method::GET, &path, Some(&app.ws_key), None).await;
         r.expect(200);
-        out.insert(name.into(), r.body);
+        let mut body = r.body;
+        if name == "work" {
+            // A lease's time left moves with the clock, not with any write.
+            for work in body["data"].as_array_mut().unwrap() {
+                work["lease"]
+                    .as_object_mut()
+                    .expect("a Workspace key reads the lease")
+                    .remove("remaining_ms");
+            }
+        }
+        out.insert(name.into(), body);
     }
     Value::Object(out)
 }
@@ -644,7 +654,9 @@ async fn token_in_the_result_window_may_only_repeat_the_result(db: sqlx::PgPool)
     let again = token_call(&app, &claim.id, &claim.token, "result", &last).await;
     again.expect(200);
     assert_eq!(again.body, stored.body);
-    assert_eq!(app.get_work(&claim.id).await, stored.body);
+    let mut read = app.get_work(&claim.id).await;
+    read.as_object_mut().unwrap().remove("lease"); // the holder's answer has none
+    assert_eq!(read, stored.body);
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]

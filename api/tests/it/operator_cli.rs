@@ -1,5 +1,7 @@
 //! The operator's commands (`mango work|sessions|environments`), run as the
 //! built `mango` binary against a live api, as an operator would run them.
+use mango_api::clock::ManualClock;
+use mango_protocol::time;
 use mango_testkit::{append_agent_events, user_message, TestApp};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -112,7 +114,16 @@ async fn work_is_listed_across_environments_got_and_stopped(db: sqlx::PgPool) {
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 4, "{table}");
     assert!(lines[0].starts_with("ID "), "{table}");
-    for column in ["ENVIRONMENT", "TYPE", "STATE", "AGE", "HEARTBEAT", "RESULT"] {
+    for column in [
+        "ENVIRONMENT",
+        "TYPE",
+        "STATE",
+        "AGE",
+        "CLAIM",
+        "WORKER",
+        "LEASE LEFT",
+        "RESULT",
+    ] {
         assert!(lines[0].contains(column), "{column} in {table}");
     }
     let state_at = lines[0].find("STATE").unwrap();
@@ -157,6 +168,89 @@ async fn work_is_listed_across_environments_got_and_stopped(db: sqlx::PgPool) {
     error_line(&missing, NOT_FOUND);
     let bad_state = mango(&app, &["work", "list", "--state", "running"]).await;
     assert_eq!(bad_state.status.code(), Some(USAGE), "{bad_state:?}");
+}
+
+/// The cell of `column` in `line`, `header`'s columns being aligned.
+fn cell<'a>(header: &str, line: &'a str, column: &str) -> &'a str {
+    let at = header
+        .find(column)
+        .unwrap_or_else(|| panic!("{column} in {header}"));
+    line[at..].split("  ").next().unwrap().trim()
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn work_shows_its_claim_worker_and_the_lease_left_by_the_apis_clock(db: sqlx::PgPool) {
+    // The api's clock is 400 days behind this machine's: a CLI that
+    // counted the lease from its own clock would call it long expired.
+    let clock = ManualClock::starting_at(time::now() - chrono::Duration::days(400));
+    let app = TestApp::start_on_clock(db, clock.clone()).await;
+    let held = app.create_check().await;
+    clock.advance(chrono::Duration::seconds(1)); // so the two are ordered by time
+    let unclaimed = app.create_check().await;
+    let polled = app
+        .http
+        .get(format!("{}{}", app.base, app.work_path("/poll")))
+        .bearer_auth(&app.env_key)
+        .header("Anthropic-Worker-ID", "worker-7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(polled.status(), 200);
+    let claimed: Value = polled.json().await.unwrap();
+    // Poll takes the oldest, the first made.
+    assert_eq!(claimed["id"], held.as_str());
+    app.ack(&held).await.expect(200);
+    clock.advance(chrono::Duration::seconds(75));
+
+    let table = stdout(&mango(&app, &["work", "list"]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    let (header, newest, oldest) = (lines[0], lines[1], lines[2]);
+    assert!(newest.starts_with(unclaimed.as_str()), "{table}");
+    for column in ["CLAIM", "WORKER", "LEASE LEFT"] {
+        assert_eq!(
+            cell(header, newest, column),
+            "-",
+            "{column} of the unclaimed: {table}"
+        );
+    }
+    assert_eq!(cell(header, oldest, "CLAIM"), "1", "{table}");
+    assert_eq!(cell(header, oldest, "WORKER"), "worker-7", "{table}");
+    assert_eq!(cell(header, oldest, "LEASE LEFT"), "45s", "{table}");
+
+    let shown = stdout(&mango(&app, &["work", "get", &held]).await);
+    let field = |name: &str| {
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}  ")))
+            .unwrap_or_else(|| panic!("{name} in {shown}"))[name.len()..]
+            .trim()
+            .to_string()
+    };
+    assert_eq!(field("claim"), "1", "{shown}");
+    assert_eq!(field("worker"), "worker-7", "{shown}");
+    assert_eq!(field("lease left"), "45s", "{shown}");
+    let listed = json_out(&mango(&app, &["work", "list", "--json"]).await);
+    assert_eq!(listed[1]["lease"]["remaining_ms"], 45_000, "{listed}");
+    assert_eq!(listed[1]["lease"]["worker_id"], "worker-7");
+
+    // Past its end the lease shows as expired (the item waits for a
+    // reclaim); a short TTL ends it before the check's 120 s deadline.
+    let token = mango_testkit::claim_of(claimed).token;
+    app.call(
+        Method::POST,
+        &app.work_path(&format!(
+            "/{held}/heartbeat?expected_last_heartbeat=NO_HEARTBEAT&desired_ttl_seconds=10"
+        )),
+        Some(&token),
+        None,
+    )
+    .await
+    .expect(200);
+    clock.advance(chrono::Duration::seconds(11));
+    let table = stdout(&mango(&app, &["work", "list", "--environment", &app.env_id]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(cell(lines[0], lines[2], "LEASE LEFT"), "expired", "{table}");
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]

@@ -6,6 +6,7 @@
 use mango_testkit::*;
 
 use chrono::Duration as Span;
+use mango_api::clock::ManualClock;
 use mango_api::Settings;
 use mango_protocol::time::Timestamp;
 use reqwest::Method;
@@ -72,6 +73,28 @@ fn assert_work(w: &Value, env: &str, state: &str) {
     if !w["secret"].is_null() {
         assert!(w["claim"].as_i64().is_some_and(|c| c >= 1), "claim of {w}");
         keys.retain(|k| *k != "claim");
+    }
+    // A Workspace key's read also says who holds the item and for how long.
+    if let Some(lease) = obj.get("lease") {
+        let mut fields: Vec<&str> = lease
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            ["claim", "expires_at", "remaining_ms", "worker_id"],
+            "{w}"
+        );
+        assert!(lease["claim"].as_i64().is_some_and(|c| c >= 0), "{w}");
+        assert_eq!(
+            lease["expires_at"].is_null(),
+            lease["remaining_ms"].is_null(),
+            "{w}"
+        );
+        keys.retain(|k| *k != "lease");
     }
     assert_eq!(keys, WORK_FIELDS, "Work fields of {w}");
     assert!(w["id"].as_str().is_some_and(|id| id.starts_with("work_")));
@@ -1082,7 +1105,7 @@ async fn result_stores_the_outcome_and_stops(db: sqlx::PgPool) {
         json!({"status": "succeeded", "message": PASSED})
     );
     ts(&r.body["stopped_at"]);
-    assert_eq!(app.get_work(&c.id).await, r.body);
+    assert_eq!(without_lease(app.get_work(&c.id).await), r.body);
 
     // An identical retry within 30 s: 200 with the same object.
     let again = post_result(&app, &c.id, &c.token, "succeeded", PASSED).await;
@@ -1094,7 +1117,11 @@ async fn result_stores_the_outcome_and_stops(db: sqlx::PgPool) {
         assert_error(&r, 409, "conflict_error", Some("result_conflict"));
         assert_final(&r);
     }
-    assert_eq!(app.get_work(&c.id).await, r.body, "the result is immutable");
+    assert_eq!(
+        without_lease(app.get_work(&c.id).await),
+        r.body,
+        "the result is immutable"
+    );
     assert!(app.poll().await.is_none());
 }
 
@@ -1170,7 +1197,7 @@ async fn fail_stops_the_work_with_a_failed_result(db: sqlx::PgPool) {
     ts(&r.body["stop_requested_at"]);
     ts(&r.body["stopped_at"]);
     assert!(r.body["secret"].is_null());
-    assert_eq!(app.get_work(&c.id).await, r.body);
+    assert_eq!(without_lease(app.get_work(&c.id).await), r.body);
     // The token ends with the Work.
     let r = app.heartbeat(&c.id, &c.token, &last).await;
     assert_error(&r, 401, "authentication_error", None);
@@ -1726,4 +1753,179 @@ async fn deleted_sessions_name_the_gone_and_never_the_live(db: sqlx::PgPool) {
     deleted_sessions(&app, &app.env_key, &refs[..100])
         .await
         .expect(200);
+}
+
+// ------------------------------------------------------------------ who holds an item (Mango's extension)
+
+/// A Poll as the official SDK's poller sends it, naming its worker in the
+/// header; the raw reply.
+async fn poll_as_worker(app: &TestApp, header: Option<&[u8]>, query: &str) -> Reply {
+    let mut req = app
+        .http
+        .get(url(app, &app.work_path(&format!("/poll{query}"))))
+        .bearer_auth(&app.env_key);
+    if let Some(value) = header {
+        req = req.header(
+            "Anthropic-Worker-ID",
+            reqwest::header::HeaderValue::from_bytes(value).unwrap(),
+        );
+    }
+    send(req).await.0
+}
+
+/// A Workspace key's read of an item, as the holder reads it (which has no
+/// `lease`).
+fn without_lease(mut work: Value) -> Value {
+    work.as_object_mut().unwrap().remove("lease");
+    work
+}
+
+async fn lease_of(app: &TestApp, id: &str) -> Value {
+    let r = get(app, id).await;
+    r.expect(200);
+    r.body["lease"].clone()
+}
+
+/// The api on a clock the test moves, far from this machine's, so a lease
+/// time left that matched is the api's count and no one else's.
+async fn app_on_manual_clock(db: sqlx::PgPool) -> (TestApp, ManualClock) {
+    let clock = ManualClock::starting_at(mango_protocol::time::now() - Span::days(400));
+    (TestApp::start_on_clock(db, clock.clone()).await, clock)
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn workspace_reads_show_the_claim_its_worker_and_the_lease_left(db: sqlx::PgPool) {
+    let (app, clock) = app_on_manual_clock(db).await;
+    let id = app.create_check().await;
+    assert_eq!(
+        lease_of(&app, &id).await,
+        json!({"claim": 0, "worker_id": null, "expires_at": null, "remaining_ms": null}),
+        "nobody has claimed it"
+    );
+
+    let polled = poll_as_worker(&app, Some(b"worker-a"), "").await;
+    polled.expect(200);
+    assert!(
+        polled.body.get("lease").is_none(),
+        "Poll answers no lease: {}",
+        polled.body
+    );
+    assert_eq!(
+        lease_of(&app, &id).await,
+        json!({"claim": 1, "worker_id": "worker-a", "expires_at": null, "remaining_ms": null}),
+        "a claim not yet acknowledged runs no lease"
+    );
+
+    // A reclaim records its own poller; one that names none leaves no stale name.
+    poll_as_worker(&app, None, "?reclaim_older_than_ms=0&worker_id=worker-b")
+        .await
+        .expect(200);
+    assert_eq!(lease_of(&app, &id).await["worker_id"], "worker-b");
+    assert_eq!(lease_of(&app, &id).await["claim"], 2);
+    let anonymous = poll_as_worker(&app, None, "?reclaim_older_than_ms=0").await;
+    anonymous.expect(200);
+    assert_eq!(lease_of(&app, &id).await["worker_id"], Value::Null);
+    let claim = claim_of(anonymous.body);
+
+    // Ack starts the pre-heartbeat lease (120 s); the Environment key's answer has no lease.
+    let acked = app.ack(&id).await;
+    acked.expect(200);
+    assert!(acked.body.get("lease").is_none(), "{}", acked.body);
+    let lease = lease_of(&app, &id).await;
+    assert_eq!(lease["claim"], 3);
+    assert_eq!(ts(&lease["expires_at"]), clock.now() + Span::seconds(120));
+    assert_eq!(lease["remaining_ms"], 120_000);
+
+    clock.advance(Span::milliseconds(30_250));
+    let listed = app
+        .call(Method::GET, &app.work_path(""), Some(&app.ws_key), None)
+        .await;
+    listed.expect(200);
+    assert_eq!(
+        listed.body["data"][0]["lease"]["remaining_ms"], 89_750,
+        "List shows it too"
+    );
+
+    // Heartbeats extend it; once it runs out the time left is 0, never negative.
+    // (A short TTL, so the lease runs out before the check's 120 s deadline.)
+    let beat = app
+        .call(
+            Method::POST,
+            &app.work_path(&format!(
+                "/{id}/heartbeat?expected_last_heartbeat={NO_HB}&desired_ttl_seconds=10"
+            )),
+            Some(&claim.token),
+            None,
+        )
+        .await;
+    beat.expect(200);
+    assert_eq!(lease_of(&app, &id).await["remaining_ms"], 10_000);
+    clock.advance(Span::seconds(11));
+    let lost = lease_of(&app, &id).await;
+    assert_eq!(lost["remaining_ms"], 0, "{lost}");
+    assert!(!lost["expires_at"].is_null());
+
+    // Stopped: the last claim and its worker stay, no lease runs.
+    app.stop_work(&id, true).await;
+    let stopped = lease_of(&app, &id).await;
+    assert_eq!(stopped["claim"], 3);
+    assert_eq!(stopped["expires_at"], Value::Null);
+    assert_eq!(stopped["remaining_ms"], Value::Null);
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn worker_ids_are_kept_whole_up_to_256_printable_characters_and_refused_past(
+    db: sqlx::PgPool,
+) {
+    let app = TestApp::start(db).await;
+    let id = app.create_check().await;
+    let longest = "w".repeat(256);
+    let too_long = "w".repeat(257);
+    let wide = "é".repeat(256); // 256 characters, 512 bytes: characters count
+    let refused: [(Option<&[u8]>, String, &str); 7] = [
+        (
+            Some(too_long.as_bytes()),
+            String::new(),
+            "257 characters long",
+        ),
+        (
+            None,
+            format!("?worker_id={too_long}"),
+            "257 characters long",
+        ),
+        (None, format!("?worker_id={}é", wide), "257 characters long"),
+        (Some(b"worker\tone"), String::new(), "U+0009"),
+        (None, "?worker_id=worker%0Aone".into(), "U+000A"),
+        (None, "?worker_id=%1B%5B2J".into(), "U+001B"),
+        (Some("wörker".as_bytes()), String::new(), "printable ASCII"),
+    ];
+    for (header, query, says) in refused {
+        let r = poll_as_worker(&app, header, &query).await;
+        assert_error(&r, 400, "invalid_request_error", Some("invalid_parameter"));
+        let message = r.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message} for {header:?} {query}");
+    }
+    assert_eq!(
+        lease_of(&app, &id).await["claim"],
+        0,
+        "a refused Poll claims nothing"
+    );
+
+    // The header wins over the query, as for workers_polling.
+    let polled = poll_as_worker(&app, Some(longest.as_bytes()), "?worker_id=other").await;
+    polled.expect(200);
+    assert_eq!(lease_of(&app, &id).await["worker_id"], longest.as_str());
+    poll_as_worker(
+        &app,
+        None,
+        &format!("?reclaim_older_than_ms=0&worker_id={wide}"),
+    )
+    .await
+    .expect(200);
+    assert_eq!(lease_of(&app, &id).await["worker_id"], wide.as_str());
+    // An empty id is no id.
+    poll_as_worker(&app, Some(b""), "?reclaim_older_than_ms=0")
+        .await
+        .expect(200);
+    assert_eq!(lease_of(&app, &id).await["worker_id"], Value::Null);
 }
