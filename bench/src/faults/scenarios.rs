@@ -112,6 +112,7 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
                 let s = system.clone();
                 let promises = Promises {
                     clean_results: true,
+                    ..Promises::default()
                 };
                 frame(
                     system,
