@@ -12,6 +12,8 @@ mod cluster;
 mod invariants;
 mod load;
 mod model;
+mod model_faults;
+mod network_cut;
 mod probe;
 mod procs;
 mod sandboxes;

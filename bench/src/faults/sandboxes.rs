@@ -25,6 +25,8 @@ pub struct Live {
     pub pool: &'static str,
     pub work_id: String,
     pub claim: i64,
+    /// The container's id (Docker pool only).
+    pub container: Option<String>,
 }
 
 async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::ContainerSummary> {
@@ -51,6 +53,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
                 pool: DOCKER_POOL,
                 work_id: work.clone(),
                 claim: claim.parse().unwrap_or(-1),
+                container: c.id.clone(),
             });
         }
     }
@@ -67,6 +70,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
                     .as_str()
                     .and_then(|c| c.parse().ok())
                     .unwrap_or(-1),
+                container: None,
             });
         }
     }

@@ -261,6 +261,7 @@ mod tests {
             pool: "faults-docker",
             work_id: "work_a".into(),
             claim,
+            container: None,
         }
     }
 
