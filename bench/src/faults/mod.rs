@@ -18,6 +18,7 @@ mod probe;
 mod procs;
 mod sandboxes;
 mod scenarios;
+mod stop_races;
 mod system;
 mod watch;
 

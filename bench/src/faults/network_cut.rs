@@ -12,12 +12,13 @@ use super::system::{System, DOCKER_POOL, NETWORK};
 use super::watch::RECLAIM_DELAY;
 use anyhow::Context;
 use bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
+use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
     let s = system.clone();
-    let cut: Arc<std::sync::Mutex<Option<(String, i64)>>> = Arc::default();
+    let cut: Arc<std::sync::Mutex<Option<(String, f64)>>> = Arc::default();
     let cut_work = cut.clone();
     // Six Sessions on two supervisors of four slots each: the Docker one
     // runs at least two of them.
@@ -27,7 +28,10 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
         Promises::default(),
         Box::pin(async move {
             let (work, epoch, container) = until_docker_call(&s).await?;
-            *cut_work.lock().unwrap() = Some((work.clone(), epoch));
+            let reclaim = tokio::spawn({
+                let (s, work) = (s.clone(), work.clone());
+                async move { until_reclaimed(&s, &work, epoch).await }
+            });
             s.docker
                 .disconnect_network(
                     NETWORK,
@@ -54,22 +58,24 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
             if let Err(err) = healed {
                 println!("faults: network-cut: the cut container was gone before it was reconnected ({err})");
             }
+            let secs = reclaim.await??;
+            *cut_work.lock().unwrap() = Some((work, secs));
             Ok(())
         }),
     )
     .await?;
     let cut = cut.lock().unwrap().clone();
-    if let Some((work, epoch)) = cut {
-        // Read back, not watched: an expired lease may go back to the
-        // queue before its next claim, which the watch does not count.
-        let (now,): (i64,) = sqlx::query_as("SELECT claim_epoch FROM work WHERE id = $1")
-            .bind(&work)
-            .fetch_one(&system.db)
-            .await?;
-        if now <= epoch {
+    if let Some((work, secs)) = cut {
+        let bound = system.settings.ttl_seconds as f64 + RECLAIM_DELAY.as_secs_f64();
+        if secs > bound {
             outcome.verdict.failures.push(format!(
-                "reclaim: the cut item {work} (claim {epoch}) was never claimed again"
+                "reclaim: the cut item {work} was claimed again {secs:.1} s after its last renewal (bound {bound} s)"
             ));
+        }
+        // An expired lease may go back to the queue before its next claim,
+        // which the watch does not count as a reclaim.
+        if !outcome.reclaims.iter().any(|(id, _)| *id == work) {
+            outcome.reclaims.push((work, secs));
         }
     }
     Ok(outcome)
@@ -85,9 +91,14 @@ async fn until_docker_call(system: &System) -> anyhow::Result<(String, i64, Stri
             let Some(container) = live.container.filter(|_| live.pool == DOCKER_POOL) else {
                 continue;
             };
+            // Its runner heartbeats (a sandbox slow to start may lose its
+            // lease by itself), and its lease has a while to run.
             let (calling,): (bool,) = sqlx::query_as(
                 "SELECT EXISTS (SELECT 1 FROM work w JOIN session_events u ON u.session_id = w.session_id
-                 WHERE w.id = $1 AND w.claim_epoch = $2 AND w.state = 'active' AND u.type = 'agent.tool_use'
+                 WHERE w.id = $1 AND w.claim_epoch = $2 AND w.state = 'active'
+                   AND w.latest_heartbeat_at IS NOT NULL
+                   AND w.lease_expires_at > now() + interval '5 seconds'
+                   AND u.type = 'agent.tool_use'
                    AND NOT EXISTS (SELECT 1 FROM session_events r WHERE r.session_id = u.session_id
                                    AND r.type = 'user.tool_result' AND r.body->>'tool_use_id' = u.id))",
             )
@@ -105,6 +116,45 @@ async fn until_docker_call(system: &System) -> anyhow::Result<(String, i64, Stri
         );
         // Poll interval of this deadline loop.
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until `work` is claimed again after its claim `epoch` (cut off)
+/// lost its lease, within TTL plus the reclaim delay of its last renewal:
+/// the seconds from that renewal to the new claim.
+async fn until_reclaimed(system: &System, work: &str, epoch: i64) -> anyhow::Result<f64> {
+    let bound = Duration::from_secs(system.settings.ttl_seconds) + RECLAIM_DELAY;
+    // Past the bound, with room to say how late it came.
+    let deadline = Instant::now() + bound * 2;
+    let mut renewed: Option<DateTime<Utc>> = None;
+    loop {
+        let (now_epoch, claimed, last): (i64, Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
+            sqlx::query_as(
+                // An Ack clears `claimed_at`: the new claim is dated by it then.
+                "SELECT claim_epoch, COALESCE(claimed_at, acknowledged_at),
+                        COALESCE(latest_heartbeat_at, acknowledged_at)
+                 FROM work WHERE id = $1",
+            )
+            .bind(work)
+            .fetch_one(&system.db)
+            .await?;
+        if now_epoch == epoch {
+            renewed = last.or(renewed);
+        } else {
+            let (Some(claimed), Some(renewed)) = (claimed, renewed) else {
+                anyhow::bail!(
+                    "{work} was claimed again, but its cut claim's last renewal was never seen"
+                );
+            };
+            return Ok((claimed - renewed).num_milliseconds() as f64 / 1000.0);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the cut item {work} was not claimed again within {:?}",
+            bound * 2
+        );
+        // Poll interval of this deadline loop.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

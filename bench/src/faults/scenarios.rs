@@ -35,6 +35,8 @@ pub enum Name {
     NetworkCut,
     /// The model endpoint stalls, answers 500 and drops the connection mid-body.
     ModelFaults,
+    /// A forced Stop racing a Result, and racing a reclaim.
+    StopRaces,
 }
 
 impl Name {
@@ -131,6 +133,7 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
         Name::KeyRevoked => key_revoked(system).await,
         Name::NetworkCut => super::network_cut::run(system).await,
         Name::ModelFaults => super::model_faults::run(system).await,
+        Name::StopRaces => super::stop_races::run(system).await,
     }
 }
 

@@ -38,6 +38,7 @@ pub struct WorkRow {
     pub id: String,
     pub epoch: i64,
     pub state: String,
+    /// When its claim was made, or acked once it was.
     pub claimed: Option<DateTime<Utc>>,
     /// Its last heartbeat, or its ack before the first.
     pub renewed: Option<DateTime<Utc>>,
@@ -170,7 +171,10 @@ impl Watch {
 
 async fn sample(system: &System, judge: &mut Judge, out: &Mutex<Observed>) {
     let rows: Result<Vec<Row>, _> = sqlx::query_as(
-        "SELECT id, claim_epoch, state, claimed_at, COALESCE(latest_heartbeat_at, acknowledged_at),
+        // An Ack clears `claimed_at`: a claim acked between two samples is
+        // dated by its Ack (a few ms later), or it would go uncounted.
+        "SELECT id, claim_epoch, state, COALESCE(claimed_at, acknowledged_at),
+                COALESCE(latest_heartbeat_at, acknowledged_at),
                 lease_expires_at, now()
          FROM work WHERE environment_id = $1",
     )
