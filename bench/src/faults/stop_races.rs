@@ -57,6 +57,10 @@ async fn stop_against_result(system: &System, v: &mut Verdict) -> anyhow::Result
     );
     let (result, stop) = (result?, stop?);
     let w = work(system, &held.work_id).await?;
+    println!(
+        "faults: stop-races: Result {} / Stop {}: stored {}",
+        result.status, stop.status, w["result"]["status"]
+    );
     v.failures.extend(judge_stop_against_result(
         &held.work_id,
         result.status,
@@ -142,6 +146,16 @@ async fn stop_against_reclaim(system: &System, v: &mut Verdict) -> anyhow::Resul
         ));
     }
     let reclaimed = polled.status == 200 && polled.body["id"] == held.work_id.as_str();
+    println!(
+        "faults: stop-races: Poll {} ({}) / Stop {}",
+        polled.status,
+        if reclaimed {
+            "reclaimed the item"
+        } else {
+            "not the item"
+        },
+        stop.status
+    );
     if reclaimed {
         let secret = polled.body["secret"].as_str().unwrap_or_default();
         let token = mango_testkit::work::try_sessions_token(secret)?;
