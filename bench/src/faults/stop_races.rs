@@ -14,8 +14,12 @@ use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Stop-versus-Result races; each costs a claim.
-const RESULT_RACES: usize = 4;
+/// How long each Stop-versus-Result race holds its Result back, so that
+/// either side wins some (each race costs a claim).
+const RESULT_DELAYS_MS: [u64; 4] = [0, 10, 25, 50];
+/// How long each Stop-versus-reclaim race holds its Stop back (each waits
+/// out a TTL).
+const RECLAIM_DELAYS_MS: [u64; 2] = [0, 50];
 
 pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
     let s = system.clone();
@@ -27,10 +31,12 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
         Promises::default(),
         Box::pin(async move {
             let mut v = Verdict::default();
-            for _ in 0..RESULT_RACES {
-                stop_against_result(&s, &mut v).await?;
+            for delay in RESULT_DELAYS_MS {
+                stop_against_result(&s, Duration::from_millis(delay), &mut v).await?;
             }
-            stop_against_reclaim(&s, &mut v).await?;
+            for delay in RECLAIM_DELAYS_MS {
+                stop_against_reclaim(&s, Duration::from_millis(delay), &mut v).await?;
+            }
             *out.lock().unwrap() = v;
             Ok(())
         }),
@@ -47,12 +53,20 @@ async fn work(system: &System, id: &str) -> anyhow::Result<Value> {
     system.expect(Method::GET, &path, None, 200).await
 }
 
-/// A Result and a forced Stop at once.
-async fn stop_against_result(system: &System, v: &mut Verdict) -> anyhow::Result<()> {
+/// A forced Stop, and a Result `delay` after it.
+async fn stop_against_result(
+    system: &System,
+    delay: Duration,
+    v: &mut Verdict,
+) -> anyhow::Result<()> {
     probe::create(system).await?;
     let held = probe::claim(system).await?;
     let (result, stop) = tokio::join!(
-        probe::result(system, &held),
+        async {
+            // The race's handicap: how far behind the Stop the Result starts.
+            tokio::time::sleep(delay).await;
+            probe::result(system, &held).await
+        },
         probe::stop(system, &held.work_id)
     );
     let (result, stop) = (result?, stop?);
@@ -104,8 +118,12 @@ pub fn judge_stop_against_result(
 }
 
 /// A lease left to expire, then a Poll (which may reclaim it) and a forced
-/// Stop at once.
-async fn stop_against_reclaim(system: &System, v: &mut Verdict) -> anyhow::Result<()> {
+/// Stop `delay` after it.
+async fn stop_against_reclaim(
+    system: &System,
+    delay: Duration,
+    v: &mut Verdict,
+) -> anyhow::Result<()> {
     probe::create(system).await?;
     let held = probe::claim(system).await?;
     let ttl = Duration::from_secs(system.settings.ttl_seconds);
@@ -136,7 +154,11 @@ async fn stop_against_reclaim(system: &System, v: &mut Verdict) -> anyhow::Resul
             None,
             Duration::from_secs(30),
         ),
-        probe::stop(system, &held.work_id)
+        async {
+            // The race's handicap: how far behind the Poll the Stop starts.
+            tokio::time::sleep(delay).await;
+            probe::stop(system, &held.work_id).await
+        }
     );
     let (polled, stop) = (polled?, stop?);
     if stop.status >= 300 {
