@@ -81,12 +81,17 @@ async fn one_turn(system: &System, spec: &Spec) -> Record {
     record
 }
 
-async fn drive_turn(system: &System, spec: &Spec, record: &mut Record) -> anyhow::Result<()> {
+/// A new Session of the suite's Agent in its Environment; its id.
+pub async fn open_session(system: &System) -> anyhow::Result<String> {
     let body = json!({"agent": system.agent_id, "environment_id": system.env_id});
     let session = system
         .expect(Method::POST, "/v1/sessions", Some(&body), 200)
         .await?;
-    let session = session["id"].as_str().unwrap_or_default().to_string();
+    Ok(session["id"].as_str().unwrap_or_default().to_string())
+}
+
+async fn drive_turn(system: &System, spec: &Spec, record: &mut Record) -> anyhow::Result<()> {
+    let session = open_session(system).await?;
     let marker = format!("m{:016x}", rand::random::<u64>());
     record.turns.push((session.clone(), marker.clone()));
     let text = format!("fault {marker} calls={} cmd={}", spec.calls, spec.command);
@@ -113,7 +118,12 @@ async fn drive_turn(system: &System, spec: &Spec, record: &mut Record) -> anyhow
 
 /// Sends the message; a send whose answer was lost is looked for in the
 /// log before it is sent again, so a retry never doubles it.
-async fn send_once(system: &System, session: &str, marker: &str, text: &str) -> anyhow::Result<()> {
+pub async fn send_once(
+    system: &System,
+    session: &str,
+    marker: &str,
+    text: &str,
+) -> anyhow::Result<()> {
     let body = json!({"events": [{"type": types::USER_MESSAGE, "content": [{"type": "text", "text": text}]}]});
     let path = format!("/v1/sessions/{session}/events");
     for _ in 0..10 {
@@ -154,7 +164,7 @@ pub fn message_marker(event: &Value) -> Option<&str> {
 
 /// The Session went idle with `end_turn` after the message with `marker`,
 /// or was terminated.
-fn turn_ended(events: &[Value], marker: &str) -> bool {
+pub fn turn_ended(events: &[Value], marker: &str) -> bool {
     let Some(at) = events
         .iter()
         .position(|e| message_marker(e) == Some(marker))

@@ -12,10 +12,13 @@ mod cluster;
 mod invariants;
 mod load;
 mod model;
+mod model_faults;
+mod network_cut;
 mod probe;
 mod procs;
 mod sandboxes;
 mod scenarios;
+mod stop_races;
 mod system;
 mod watch;
 

@@ -25,6 +25,8 @@ pub struct Live {
     pub pool: &'static str,
     pub work_id: String,
     pub claim: i64,
+    /// The container's id (Docker pool only).
+    pub container: Option<String>,
 }
 
 async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::ContainerSummary> {
@@ -51,6 +53,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
                 pool: DOCKER_POOL,
                 work_id: work.clone(),
                 claim: claim.parse().unwrap_or(-1),
+                container: c.id.clone(),
             });
         }
     }
@@ -67,6 +70,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
                     .as_str()
                     .and_then(|c| c.parse().ok())
                     .unwrap_or(-1),
+                container: None,
             });
         }
     }
@@ -91,18 +95,10 @@ pub async fn leftovers(
     local_root: &Path,
     sessions: &HashSet<String>,
 ) -> Vec<String> {
-    let mut left = Vec::new();
+    let mut objects = Vec::new();
     for c in containers(docker, true).await {
-        let labels = c.labels.unwrap_or_default();
-        if labels
-            .get(LABEL_SESSION_ID)
-            .is_some_and(|s| sessions.contains(s))
-        {
-            left.push(format!(
-                "container {}",
-                c.names.unwrap_or_default().join(",")
-            ));
-        }
+        let name = c.names.clone().unwrap_or_default().join(",");
+        objects.push((format!("container {name}"), c.labels.unwrap_or_default()));
     }
     let volumes = docker
         .list_volumes(Some(ListVolumesOptions {
@@ -115,29 +111,50 @@ pub async fn leftovers(
         .map(|v| v.volumes.unwrap_or_default())
         .unwrap_or_default();
     for v in volumes {
-        if v.labels
-            .get(LABEL_SESSION_ID)
-            .is_some_and(|s| sessions.contains(s))
-        {
-            left.push(format!("volume {}", v.name));
-        }
-    }
-    for session in sessions {
-        if local_root.join("sessions").join(session).exists() {
-            left.push(format!("local workspace of {session}"));
-        }
+        objects.push((format!("volume {}", v.name), v.labels));
     }
     for record in local_records(local_root) {
-        if record["labels"][LABEL_SESSION_ID]
-            .as_str()
-            .is_some_and(|s| sessions.contains(s))
-        {
-            left.push(format!(
-                "local sandbox record of {}",
-                record["labels"][LABEL_WORK_ID]
-            ));
-        }
+        let labels: HashMap<String, String> = record["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let work = labels.get(LABEL_WORK_ID).cloned().unwrap_or_default();
+        objects.push((format!("local sandbox record of {work}"), labels));
     }
+    let workspaces: Vec<String> = sessions
+        .iter()
+        .filter(|s| local_root.join("sessions").join(s).exists())
+        .cloned()
+        .collect();
+    left_of(&objects, &workspaces, sessions)
+}
+
+/// Of the labelled `objects` (what, labels) and the local workspaces found,
+/// those that belong to one of the gone `sessions`.
+pub fn left_of(
+    objects: &[(String, HashMap<String, String>)],
+    workspaces: &[String],
+    sessions: &HashSet<String>,
+) -> Vec<String> {
+    let mut left: Vec<String> = objects
+        .iter()
+        .filter(|(_, labels)| {
+            labels
+                .get(LABEL_SESSION_ID)
+                .is_some_and(|s| sessions.contains(s))
+        })
+        .map(|(what, _)| what.clone())
+        .collect();
+    left.extend(
+        workspaces
+            .iter()
+            .filter(|s| sessions.contains(*s))
+            .map(|s| format!("local workspace of {s}")),
+    );
     left
 }
 
@@ -229,5 +246,38 @@ pub async fn remove_all(docker: &Docker, scratch: &Path) {
                 .await;
             let _ = workspaces.remove(&v.name).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labelled(what: &str, session: &str) -> (String, HashMap<String, String>) {
+        (
+            what.to_string(),
+            HashMap::from([(LABEL_SESSION_ID.to_string(), session.to_string())]),
+        )
+    }
+
+    #[test]
+    fn what_names_a_gone_session_is_left_and_what_names_another_is_not() {
+        let gone: HashSet<String> = ["sesn_gone".to_string()].into();
+        let objects = vec![
+            labelled("container a", "sesn_gone"),
+            labelled("volume b", "sesn_gone"),
+            labelled("container c", "sesn_live"),
+            ("container unlabelled".to_string(), HashMap::new()),
+        ];
+        let left = left_of(
+            &objects,
+            &["sesn_gone".to_string(), "sesn_live".to_string()],
+            &gone,
+        );
+        assert_eq!(
+            left,
+            ["container a", "volume b", "local workspace of sesn_gone"]
+        );
+        assert!(left_of(&objects[2..], &[], &gone).is_empty());
     }
 }

@@ -31,6 +31,12 @@ pub enum Name {
     SupervisorTermWarm,
     /// The supervisors' Environment key revoked under load, then replaced.
     KeyRevoked,
+    /// A runner's container cut off its network past its TTL, then healed.
+    NetworkCut,
+    /// The model endpoint stalls, answers 500 and drops the connection mid-body.
+    ModelFaults,
+    /// A forced Stop racing a Result, and racing a reclaim.
+    StopRaces,
 }
 
 impl Name {
@@ -51,7 +57,7 @@ pub struct Outcome {
     pub seconds: f64,
 }
 
-fn spec(sessions: usize, calls: usize, command: &str) -> Spec {
+pub fn spec(sessions: usize, calls: usize, command: &str) -> Spec {
     Spec {
         sessions,
         calls,
@@ -112,6 +118,7 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
                 let s = system.clone();
                 let promises = Promises {
                     clean_results: true,
+                    ..Promises::default()
                 };
                 frame(
                     system,
@@ -124,6 +131,9 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
             .await
         }
         Name::KeyRevoked => key_revoked(system).await,
+        Name::NetworkCut => super::network_cut::run(system).await,
+        Name::ModelFaults => super::model_faults::run(system).await,
+        Name::StopRaces => super::stop_races::run(system).await,
     }
 }
 
@@ -268,7 +278,7 @@ async fn until_logged(
 
 /// Waits until a call has begun and not yet been answered (in at least one
 /// Session of the Environment): the fault lands mid-activation.
-async fn until_calls_run(system: &System) -> anyhow::Result<()> {
+pub async fn until_calls_run(system: &System) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (running,): (i64,) = sqlx::query_as(
@@ -294,15 +304,26 @@ async fn until_calls_run(system: &System) -> anyhow::Result<()> {
 
 /// One scenario: the watch, the load, the probe's leases and the `fault`
 /// at once; then the invariants.
-async fn frame(
+pub async fn frame(
     system: &Arc<System>,
     spec: Spec,
     promises: Promises,
     fault: Fault,
 ) -> anyhow::Result<Outcome> {
+    let s = system.clone();
+    frame_with(system, move || load::start(s, spec), promises, fault).await
+}
+
+/// [`frame`] with a load of the scenario's own.
+pub async fn frame_with(
+    system: &Arc<System>,
+    start_load: impl FnOnce() -> tokio::task::JoinHandle<load::Record>,
+    promises: Promises,
+    fault: Fault,
+) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let watch = Watch::start(system.clone());
-    let load = load::start(system.clone(), spec);
+    let load = start_load();
     let probing = {
         let s = system.clone();
         tokio::spawn(async move { probe::cycle(&s, 4).await })
@@ -323,7 +344,10 @@ async fn frame(
         .failures
         .extend(probe_failures.into_iter().map(|f| format!("probe: {f}")));
     verdict.failures.extend(observed.failures);
-    let sessions: Vec<String> = record.turns.iter().map(|(s, _)| s.clone()).collect();
+    let mut sessions: Vec<String> = record.turns.iter().map(|(s, _)| s.clone()).collect();
+    // A Session sent two messages is ended once.
+    sessions.sort();
+    sessions.dedup();
     verdict
         .failures
         .extend(load::end_sessions(system, &sessions).await);
