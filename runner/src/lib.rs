@@ -18,6 +18,7 @@ pub mod healthcheck;
 pub mod heartbeat;
 pub mod init;
 pub mod item;
+pub mod kept;
 pub mod memory;
 pub mod prepare;
 pub mod secret;
