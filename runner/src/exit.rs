@@ -45,6 +45,11 @@ pub enum Exit {
     Recycled = 9,
     /// Waiting mode: `--wait-timeout-seconds` passed with no envelope.
     WaitTimedOut = 10,
+    /// Kept mode (`--keep-idle-seconds`): the next envelope named another
+    /// Session, Work type or Environment; it was not used, nothing was contacted.
+    ForeignEnvelope = 11,
+    /// Kept mode: no next envelope within `--keep-idle-seconds`.
+    KeptExpired = 12,
 }
 
 impl From<Exit> for ExitCode {
@@ -68,6 +73,8 @@ impl Exit {
             Exit::EnvelopeRefused => "envelope_refused",
             Exit::Recycled => "recycled",
             Exit::WaitTimedOut => "wait_timed_out",
+            Exit::ForeignEnvelope => "foreign_envelope",
+            Exit::KeptExpired => "kept_expired",
         }
     }
 
@@ -86,6 +93,8 @@ impl Exit {
             EnvelopeRefused,
             Recycled,
             WaitTimedOut,
+            ForeignEnvelope,
+            KeptExpired,
         ]
         .into_iter()
         .find(|e| *e as i32 == code)
@@ -98,10 +107,10 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_unknown_codes_are_none() {
-        for code in 0..=10 {
+        for code in 0..=12 {
             assert_eq!(Exit::from_code(code).map(|e| e as i32), Some(code));
         }
-        assert_eq!(Exit::from_code(11), None);
+        assert_eq!(Exit::from_code(13), None);
         assert_eq!(Exit::from_code(-1), None);
     }
 }

@@ -34,6 +34,14 @@ pub enum Role {
     Exited(ExitCode),
 }
 
+static FORKED_BY_INIT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is the runner a sandbox's PID 1 forked: then every
+/// other process of its PID namespace is a tool's, and `/tmp` is the sandbox's own.
+pub fn forked_by_init() -> bool {
+    FORKED_BY_INIT.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Signals PID 1 takes over: waited for, never delivered to it.
 const FORWARDED: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
 
@@ -94,6 +102,7 @@ fn supervise() -> std::io::Result<Role> {
     if runner == 0 {
         // SAFETY: as above.
         check(unsafe { libc::sigprocmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) })?;
+        FORKED_BY_INIT.store(true, std::sync::atomic::Ordering::SeqCst);
         return Ok(Role::Runner);
     }
     // Only the runner reads the Work secret.

@@ -9,7 +9,7 @@ use crate::heartbeat::{HeartbeatKeeper, KeeperEnd};
 use crate::memory::{self, Mounted, END_BOUND, SIGNAL_FLUSH_BOUND};
 use crate::prepare::{self, PrepareError};
 use crate::tools::{ToolContext, Toolset};
-use crate::{envelope, healthcheck, secret, session, signal, skills, threads};
+use crate::{envelope, healthcheck, kept, secret, session, signal, skills, threads};
 use anyhow::Context;
 use mango_client::Client;
 use mango_protocol::envelope::EnvelopeError;
@@ -41,6 +41,20 @@ pub struct Identity {
     /// Without it the runner waits until its stdin closes.
     #[arg(long, requires = "wait")]
     pub wait_timeout_seconds: Option<u64>,
+    /// With `--wait`: after a Session activation that ended idle, stay up
+    /// to this long for the same Session's next envelope (spec §7.1 kept
+    /// sandboxes). 0: exit after one activation.
+    #[arg(
+        long,
+        env = "MANGO_KEEP_IDLE_SECONDS",
+        default_value_t = 0,
+        requires = "wait"
+    )]
+    pub keep_idle_seconds: u64,
+    /// The directory emptied between kept activations. Hidden: a sandbox's
+    /// is `/tmp`; outside one (tests) nothing is emptied unless it is given.
+    #[arg(long, env = "MANGO_KEPT_TMP_DIR", hide = true)]
+    pub kept_tmp_dir: Option<PathBuf>,
     /// The workspace; a relative path is taken from the directory the
     /// runner starts in.
     #[arg(long, env = "MANGO_WORKSPACE", default_value = "/workspace")]
@@ -139,7 +153,7 @@ const SIGNAL_STOP_BOUND: Duration = Duration::from_secs(3);
 /// The runner's own forced Stop of its Work; bounded after a stop signal.
 /// `idle`: the Session's activation ended idle, which the api records as a
 /// keepable end (spec §7.1).
-async fn final_stop(client: &Client, id: &Activation, signalled: bool, idle: bool) {
+async fn final_stop(client: &Client, id: &Activation, signalled: bool, idle: bool) -> bool {
     let stop = async {
         if idle {
             client.stop_idle(&id.environment_id, &id.work_id).await
@@ -155,8 +169,12 @@ async fn final_stop(client: &Client, id: &Activation, signalled: bool, idle: boo
     } else {
         stop.await.map(|_| ()).map_err(|e| e.to_string())
     };
-    if let Err(err) = stopped {
-        tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
+    match stopped {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(work_id = %id.work_id, error = %err, "final stop failed");
+            false
+        }
     }
 }
 
@@ -233,13 +251,13 @@ async fn from_environment(
 /// Waiting mode: nothing is known and nothing is contacted until one
 /// envelope parses; each way of not getting one has its own exit.
 async fn from_envelope(
-    id: &Identity,
+    wait_timeout_seconds: Option<u64>,
     signalled: &CancellationToken,
 ) -> Result<(Activation, String), Exit> {
     tracing::info!("waiting for an activation envelope on stdin");
     let reading = tokio::task::spawn_blocking(envelope::read_stdin);
     let timeout = async {
-        match id.wait_timeout_seconds {
+        match wait_timeout_seconds {
             Some(seconds) => tokio::time::sleep(Duration::from_secs(seconds)).await,
             None => std::future::pending().await,
         }
@@ -283,19 +301,78 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
     // From the start: as PID 1 of a container the runner would ignore them.
     let signalled = signal::listen();
     let started = if id.wait {
-        from_envelope(&id, &signalled).await
+        from_envelope(id.wait_timeout_seconds, &signalled).await
     } else {
         from_environment(&id, &signalled).await?
     };
-    let (item, raw) = match started {
+    let (mut item, mut raw) = match started {
         Ok(started) => started,
         Err(exit) => return Ok(exit),
     };
+    let keep = id.wait && id.keep_idle_seconds > 0;
+    if keep {
+        kept::become_subreaper()?;
+    }
+    loop {
+        let mut idle_stopped = false;
+        let exit = run_activation(&id, &signalled, &item, raw, &mut idle_stopped).await?;
+        let Some(session_id) = item.session_id.clone().filter(|_| keep && idle_stopped) else {
+            return Ok(exit);
+        };
+        tracing::info!(session_id = %session_id, seconds = id.keep_idle_seconds, "activation ended idle; kept for Session {session_id} up to {} s", id.keep_idle_seconds);
+        between_activations(&id)?;
+        let (next, next_raw) = match from_envelope(Some(id.keep_idle_seconds), &signalled).await {
+            Ok(next) => next,
+            Err(Exit::WaitTimedOut) => {
+                tracing::info!(session_id = %session_id, "no next envelope while kept");
+                return Ok(Exit::KeptExpired);
+            }
+            Err(exit) => return Ok(exit),
+        };
+        if next.session_id.as_deref() != Some(session_id.as_str())
+            || next.environment_id != item.environment_id
+        {
+            drop(next_raw);
+            tracing::error!(work_id = %next.work_id, "kept for Session {session_id}: refusing an envelope for another Session, Work type or Environment");
+            return Ok(Exit::ForeignEnvelope);
+        }
+        tracing::info!(work_id = %next.work_id, "kept: next envelope for Work {}", next.work_id);
+        (item, raw) = (next, next_raw);
+    }
+}
+
+/// Between kept activations: no tool process, no `/tmp` file of the last
+/// one. Its secret, client, shell, Skills and Memory Stores went with
+/// [`run_activation`]'s scope.
+fn between_activations(id: &Identity) -> anyhow::Result<()> {
+    let in_sandbox = crate::init::forked_by_init();
+    kept::kill_tool_processes(in_sandbox)?;
+    let tmp = match (&id.kept_tmp_dir, in_sandbox) {
+        (Some(dir), _) => Some(dir.clone()),
+        (None, true) => Some(PathBuf::from("/tmp")),
+        (None, false) => None,
+    };
+    if let Some(tmp) = tmp {
+        kept::empty_dir(&tmp)?;
+    }
+    Ok(())
+}
+
+/// One activation: its secret is consumed and dropped here.
+/// `idle_stopped`: a Session activation ended idle and its idle Stop was accepted.
+async fn run_activation(
+    id: &Identity,
+    signalled: &CancellationToken,
+    item: &Activation,
+    raw: String,
+    idle_stopped: &mut bool,
+) -> anyhow::Result<Exit> {
+    let signalled = signalled.clone();
     let session_id = item.session_id.clone();
     let token = secret::sessions_token(&raw).context("decoding the Work secret")?;
-    drop(raw);
+    secret::zero(raw);
     let client = Client::new(&id.base_url, &token);
-    drop(token);
+    secret::zero(token);
     let keeper = HeartbeatKeeper {
         client: client.clone(),
         environment_id: item.environment_id.clone(),
@@ -412,7 +489,8 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         ) || (by_signal && lease_end == KeeperEnd::Interrupted);
         if lease_end.may_stop() && !leave_to_expire {
             let idle = session_end == SessionEnd::IdleAfterTurn && !signalled.is_cancelled();
-            final_stop(&client, &item, signalled.is_cancelled(), idle).await;
+            let accepted = final_stop(&client, item, signalled.is_cancelled(), idle).await;
+            *idle_stopped = idle && accepted;
         }
         if by_signal {
             return Ok(Exit::Signalled);
@@ -437,7 +515,7 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         if signalled.is_cancelled() {
             // A Stop asked for is honoured; otherwise the check is reclaimed.
             if end == KeeperEnd::StopRequested {
-                final_stop(&client, &item, true, false).await;
+                final_stop(&client, item, true, false).await;
             }
             tracing::info!(work_id = %item.work_id, end = ?end, "stop signal before the probe finished");
             return Ok(Exit::Signalled);

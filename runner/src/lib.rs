@@ -6,7 +6,8 @@
 //! the pinned Skills, [`memory`] mounts and syncs the Session's Memory
 //! Stores, [`init`] the runner as its sandbox's PID 1, [`secret`] the hand-off, [`signal`] SIGTERM and SIGINT,
 //! [`threads`] the threads made at start, [`envelope`] waiting mode's read
-//! of the activation envelope, [`tool_result`] a result sized
+//! of the activation envelope, [`kept`] a kept sandbox swept between
+//! activations, [`tool_result`] a result sized
 //! for the api.
 
 pub mod calls;
@@ -18,6 +19,7 @@ pub mod healthcheck;
 pub mod heartbeat;
 pub mod init;
 pub mod item;
+pub mod kept;
 pub mod memory;
 pub mod prepare;
 pub mod secret;

@@ -78,6 +78,15 @@ pub async fn read_stdin(timeout: Duration) -> Result<String, SecretError> {
     }
 }
 
+/// Overwrites a secret's bytes before its memory is freed, so a kept
+/// sandbox's next activation cannot find the last one's in the heap.
+pub fn zero(mut secret: String) {
+    // SAFETY: NUL bytes are valid UTF-8.
+    let bytes = unsafe { secret.as_bytes_mut() };
+    bytes.fill(0);
+    std::hint::black_box(&secret);
+}
+
 /// The sessions token inside a Work secret (URL-safe base64, padding optional, of JSON).
 pub fn sessions_token(secret: &str) -> Result<String, SecretError> {
     let raw = URL_SAFE_NO_PAD

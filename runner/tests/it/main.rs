@@ -7,6 +7,7 @@ mod behaviour;
 mod e2e;
 mod exhaustion;
 mod item;
+mod kept;
 mod memory;
 mod memory_fit;
 mod relative;
