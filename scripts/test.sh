@@ -40,3 +40,8 @@ cargo test --workspace
 step "Official Python SDK compatibility tests"
 cargo build -q -p mango-api --bin mango -p mango-controller --bin mango-worker -p mango-runner --bin mango-runner
 MANGO_BIN="$PWD/target/debug/mango" .venv/bin/pytest compat/python -q -p no:cacheprovider
+
+if [ -n "${MANGO_FAULTS:-}" ]; then
+  step "The fault suite (MANGO_FAULTS is set; make faults, docs/reliability.md)"
+  make -s faults
+fi

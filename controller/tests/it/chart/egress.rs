@@ -464,6 +464,8 @@ fn the_proxy_gets_the_binary_contract_and_reads_workerpools_only() {
             &pod_spec(template(named!(release, Deployment, "mango-controller"))).containers[0];
         assert_eq!(c.image, controller.image, "{name}: the controller's image");
         assert_eq!(field_ref(c, "POD_NAMESPACE"), "metadata.namespace");
+        // The proxy refuses its own addresses: the kubelet names them.
+        assert_eq!(field_ref(c, "POD_IPS"), "status.podIPs");
         assert_eq!(env_value(c, "MANGO_EGRESS_PROXY_LISTEN"), "0.0.0.0:3128");
         assert_eq!(env_value(c, "MANGO_EGRESS_METRICS_LISTEN"), "0.0.0.0:9465");
         assert_eq!(container_port(release, "proxy"), 3128);
