@@ -862,6 +862,14 @@ impl DockerLauncher {
                     "host.docker.internal:{}",
                     self.network.gateway
                 )]),
+                // Sandboxes need no DNS (the api is in /etc/hosts; the
+                // egress proxy resolves what it admits). Docker's embedded
+                // resolver forwards other names to these servers: the
+                // gateway, where the fence refuses port 53, so a name never
+                // carries data out. Left to the host's servers, an engine
+                // before 23.0 whose host resolver is on loopback forwards
+                // from the host's namespace, past the fence (moby#47593).
+                dns: Some(vec![self.network.gateway.to_string()]),
                 // The image's runner is PID 1 itself (mango_runner::init):
                 // a docker-init above it would be dumpable by tools.
                 init: Some(false),

@@ -157,6 +157,11 @@ async fn a_session_runs_hardened_and_its_next_activation_sees_its_files(db: sqlx
     assert_eq!(host.memory, Some(256 * 1024 * 1024));
     assert_eq!(host.nano_cpus, Some(1_000_000_000));
     assert_eq!(host.init, Some(false), "the runner is PID 1 itself");
+    assert_eq!(
+        host.dns,
+        Some(vec![engine.gateway.to_string()]),
+        "names outside /etc/hosts are forwarded only to the fenced gateway"
+    );
     let log = host.log_config.clone().unwrap();
     assert_eq!(log.typ.as_deref(), Some("json-file"));
     let bounds = log.config.unwrap();
