@@ -44,11 +44,7 @@ impl KeptSandboxes {
             return vec![sandbox];
         }
         let mut kept = self.by_session.lock().expect("kept lock");
-        let mut out: Vec<Sandbox> = kept
-            .remove(session_id)
-            .into_iter()
-            .map(unwatched)
-            .collect();
+        let mut out: Vec<Sandbox> = kept.remove(session_id).into_iter().map(unwatched).collect();
         while kept.len() >= self.bound {
             let oldest = kept
                 .iter()
@@ -80,7 +76,11 @@ impl KeptSandboxes {
 
     /// Session `session_id`'s kept sandbox, now the caller's alone.
     pub fn take(&self, session_id: &str) -> Option<Sandbox> {
-        let taken = self.by_session.lock().expect("kept lock").remove(session_id);
+        let taken = self
+            .by_session
+            .lock()
+            .expect("kept lock")
+            .remove(session_id);
         taken.map(unwatched)
     }
 
@@ -151,7 +151,11 @@ mod tests {
             .admit("sesn_1", sandbox(1), now + Duration::from_secs(1))
             .is_empty());
         let evicted = kept.admit("sesn_3", sandbox(3), now + Duration::from_secs(2));
-        assert_eq!(evicted, vec![sandbox(2)], "the oldest goes, not the first key");
+        assert_eq!(
+            evicted,
+            vec![sandbox(2)],
+            "the oldest goes, not the first key"
+        );
         assert_eq!(kept.count(), 2);
         assert_eq!(kept.take("sesn_2"), None);
         assert_eq!(kept.take("sesn_1"), Some(sandbox(1)));

@@ -621,11 +621,9 @@ impl<L: Launcher> Shared<L> {
         let kept = self.kept.take(session_id)?;
         self.note_kept();
         let work_id = &spec.item.work_id;
-        let rebound = tokio::time::timeout(
-            self.config.request_bound,
-            self.launcher.rebind(&kept, spec),
-        )
-        .await;
+        let rebound =
+            tokio::time::timeout(self.config.request_bound, self.launcher.rebind(&kept, spec))
+                .await;
         let why = match rebound {
             Ok(Ok(sandbox)) => {
                 tracing::info!(%work_id, sandbox = %sandbox.name, was = %kept.name, "bound its Session's kept sandbox");
@@ -1528,7 +1526,11 @@ mod tests {
             keepable: true,
             ..claim(Stopped, 1, true)
         };
-        assert_eq!(verdict_of(Some(&lost), 1), Verdict::Over, "a lost lease never keeps");
+        assert_eq!(
+            verdict_of(Some(&lost), 1),
+            Verdict::Over,
+            "a lost lease never keeps"
+        );
     }
 
     #[test]

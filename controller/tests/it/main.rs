@@ -5,6 +5,7 @@ mod docker;
 mod docker_api_flood;
 mod docker_egress;
 mod docker_isolation;
+mod docker_kept;
 mod docker_memory;
 mod docker_warm;
 mod egress;
