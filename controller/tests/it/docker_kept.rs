@@ -76,11 +76,14 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
     let api = engine.api(db, mango_api::Settings::default()).await;
     let pool = engine::pool("keptrebind");
     let session = format!("sesn_{pool}");
+    // Container names are the engine's, not the pool's: each run its own.
+    let run = pool.rsplit('-').next().unwrap().to_string();
+    let work = |n: &str| format!("work_kept{n}_{run}");
     clean(&engine, &pool, &[&session]).await;
     let launcher = keeping(&engine, &api, &pool, 45).await;
     let base = engine::sandbox_base(&api);
 
-    let first = SandboxSpec::for_item(&item("work_kept1", Some(&session)), &pool, &base);
+    let first = SandboxSpec::for_item(&item(&work("1"), Some(&session)), &pool, &base);
     assert!(launcher.waits(&first.item));
     let sandbox = launcher.create(&first).await.expect("created");
     let inspected = engine
@@ -105,7 +108,7 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
         "its identity comes with each envelope: {env:?}"
     );
 
-    let check = SandboxSpec::for_item(&item("work_keptcheck", None), &pool, &base);
+    let check = SandboxSpec::for_item(&item(&work("check"), None), &pool, &base);
     assert!(!launcher.waits(&check.item), "a healthcheck's never waits");
     let checked = launcher.create(&check).await.expect("created");
     let check_config = engine
@@ -118,7 +121,7 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
     assert_eq!(check_config.stdin_once, Some(true));
     launcher.remove(&checked).await.unwrap();
 
-    let second = SandboxSpec::for_item(&item("work_kept2", Some(&session)), &pool, &base);
+    let second = SandboxSpec::for_item(&item(&work("2"), Some(&session)), &pool, &base);
     let rebound = launcher.rebind(&sandbox, &second).await.expect("rebound");
     assert_eq!(rebound.handle, sandbox.handle, "the same container");
     assert_eq!(rebound.item, second.item);
@@ -135,7 +138,7 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
         .await
         .unwrap();
     assert_eq!(by_name.len(), 1, "renamed to the new item's name");
-    let records = volumes_labelled(&engine, "mango.dev/work-id=work_kept2").await;
+    let records = volumes_labelled(&engine, &format!("mango.dev/work-id={}", work("2"))).await;
     assert_eq!(records.len(), 1, "the record finds the new item");
     assert_eq!(records[0].labels["mango.dev/container"], sandbox.handle);
     let adopted = launcher.existing().await.unwrap();
@@ -149,10 +152,10 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
         "adopted as the new item's, not by its first labels"
     );
 
-    let third = SandboxSpec::for_item(&item("work_kept3", Some(&session)), &pool, &base);
+    let third = SandboxSpec::for_item(&item(&work("3"), Some(&session)), &pool, &base);
     let again = launcher.rebind(&rebound, &third).await.expect("rebound");
     assert!(
-        volumes_labelled(&engine, "mango.dev/work-id=work_kept2")
+        volumes_labelled(&engine, &format!("mango.dev/work-id={}", work("2")))
             .await
             .is_empty(),
         "the older record goes"
@@ -164,7 +167,7 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
         .unwrap();
     assert_eq!(mine.sandbox.item, third.item);
 
-    let other = SandboxSpec::for_item(&item("work_kept4", Some("sesn_other")), &pool, &base);
+    let other = SandboxSpec::for_item(&item(&work("4"), Some("sesn_other")), &pool, &base);
     assert!(
         matches!(
             launcher.rebind(&again, &other).await,
