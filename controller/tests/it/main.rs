@@ -22,6 +22,7 @@ mod k8s_strict_operator;
 mod k8s_strict_pools;
 mod k8s_strict_warm;
 mod k8s_strict_workspace;
+mod kept;
 mod kube_mock;
 mod local;
 mod operator;
