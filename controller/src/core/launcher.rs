@@ -299,6 +299,16 @@ pub trait Launcher: Send + Sync + 'static {
         }
     }
 
+    /// The image `sandbox` runs, as [`Launcher::warm_image`] names images;
+    /// `None`: not known, and then never the reason to recycle it.
+    fn image_of(
+        &self,
+        sandbox: &Sandbox,
+    ) -> impl Future<Output = Result<Option<String>, LaunchError>> + Send {
+        let _ = sandbox;
+        async { Ok(None) }
+    }
+
     /// Makes the kept `sandbox` (its runner waiting after an idle end) the
     /// sandbox of `spec`'s item, of the same Session: found by the new item's
     /// name and identity from now on, by operators and by a restarted

@@ -621,6 +621,11 @@ impl<L: Launcher> Shared<L> {
         let kept = self.kept.take(session_id)?;
         self.note_kept();
         let work_id = &spec.item.work_id;
+        if self.image_changed(&kept).await {
+            tracing::info!(%work_id, sandbox = %kept.name, "the pool's image changed since the Session's sandbox was kept; removing it and starting the item cold");
+            self.remove(&kept).await;
+            return None;
+        }
         let rebound =
             tokio::time::timeout(self.config.request_bound, self.launcher.rebind(&kept, spec))
                 .await;
@@ -635,6 +640,18 @@ impl<L: Launcher> Shared<L> {
         tracing::warn!(%work_id, sandbox = %kept.name, error = %why, "could not rebind the Session's kept sandbox; removing it and starting the item cold");
         self.remove(&kept).await;
         None
+    }
+
+    /// Whether `sandbox` runs another image than new sandboxes would now;
+    /// not when either is unknown.
+    async fn image_changed(&self, sandbox: &Sandbox) -> bool {
+        let bound = self.config.request_bound;
+        let now = tokio::time::timeout(bound, self.launcher.warm_image()).await;
+        let its = tokio::time::timeout(bound, self.launcher.image_of(sandbox)).await;
+        match (now, its) {
+            (Ok(Ok(Some(now))), Ok(Ok(Some(its)))) => now != its,
+            _ => false,
+        }
     }
 
     /// Keeps the sandbox of an activation that ended at its runner's idle

@@ -39,9 +39,10 @@ use bollard::models::{
     MountTypeEnum, NetworkCreateRequest, Volume, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, InspectNetworkOptions, KillContainerOptions,
-    ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, RenameContainerOptions, StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, InspectContainerOptions, InspectNetworkOptions,
+    KillContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions, RenameContainerOptions, StartContainerOptions,
+    WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -1338,6 +1339,18 @@ impl Launcher for DockerLauncher {
         self.remove_container(&warm.handle).await?;
         self.remove_volume(&record_name(&warm.handle)).await?;
         self.remove_workspace_volume(&warm.name).await
+    }
+
+    async fn image_of(&self, sandbox: &Sandbox) -> Result<Option<String>, LaunchError> {
+        match self
+            .docker
+            .inspect_container(&sandbox.handle, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(inspected) => Ok(inspected.image),
+            Err(err) if status_of(&err) == Some(404) => Ok(None),
+            Err(err) => Err(launch_error(err)),
+        }
     }
 
     fn waits(&self, item: &crate::core::launcher::ItemIdentity) -> bool {

@@ -10,7 +10,7 @@ use mango_controller::core::launcher::{
 use mango_controller::core::secret::Secret;
 use mango_protocol::envelope::Envelope;
 use mango_testkit::TestApp;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,6 +31,9 @@ struct Log {
 struct Waiting {
     log: Arc<Mutex<Log>>,
     exited: Arc<tokio::sync::watch::Sender<HashSet<String>>>,
+    /// The image new sandboxes run, and what each one made runs.
+    image: Arc<Mutex<String>>,
+    images: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl Waiting {
@@ -38,6 +41,8 @@ impl Waiting {
         Waiting {
             log: Arc::default(),
             exited: Arc::new(tokio::sync::watch::channel(HashSet::new()).0),
+            image: Arc::new(Mutex::new("image-1".into())),
+            images: Arc::default(),
         }
     }
 
@@ -60,6 +65,8 @@ impl Launcher for Waiting {
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
         let handle = format!("h-{}", spec.name);
         self.log.lock().unwrap().created.push(handle.clone());
+        let image = self.image.lock().unwrap().clone();
+        self.images.lock().unwrap().insert(handle.clone(), image);
         Ok(Sandbox {
             name: spec.name.clone(),
             handle,
@@ -92,6 +99,12 @@ impl Launcher for Waiting {
     }
     async fn remove_workspace(&self, _: &str) -> Result<(), LaunchError> {
         Ok(())
+    }
+    async fn warm_image(&self) -> Result<Option<String>, LaunchError> {
+        Ok(Some(self.image.lock().unwrap().clone()))
+    }
+    async fn image_of(&self, sandbox: &Sandbox) -> Result<Option<String>, LaunchError> {
+        Ok(self.images.lock().unwrap().get(&sandbox.handle).cloned())
     }
     fn waits(&self, item: &ItemIdentity) -> bool {
         item.session_id.is_some()
@@ -255,5 +268,30 @@ async fn a_kept_sandbox_expires_and_a_stop_is_never_kept(db: sqlx::PgPool) {
     )
     .await;
     assert_eq!(running.metrics.kept.load(Relaxed), 0);
+    running.shutdown().await;
+}
+
+/// A sandbox kept under an image that changed since is not reused: the
+/// Session's next Work gets a new one, and the old one is removed.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_kept_sandbox_of_an_old_image_is_not_reused(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let launcher = Waiting::new();
+    let mut config = config(&api, 1);
+    config.keep_idle = Duration::from_secs(120);
+    let running = Running::start(&api, config, launcher.clone()).await;
+    let (session, _) = queued_session(&api).await;
+    let (handle, one) = envelope(&launcher, 0).await;
+    idle_end(&api, &one).await;
+    until("kept", Duration::from_secs(15), async || {
+        running.metrics.kept.load(Relaxed) == 1
+    })
+    .await;
+    *launcher.image.lock().unwrap() = "image-2".into();
+    mango_testkit::turns::say(&api, &session, "again").await;
+    let (fresh, _) = envelope(&launcher, 1).await;
+    assert_ne!(fresh, handle, "a new sandbox, of the new image");
+    assert!(launcher.removed(&handle), "the old one is removed");
+    assert_eq!(running.metrics.kept_reused.load(Relaxed), 0);
     running.shutdown().await;
 }
