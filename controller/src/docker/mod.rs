@@ -138,10 +138,12 @@ pub struct DockerArgs {
     pub log_max_files: u32,
     /// How long a Session's container waits, after an activation that ended
     /// idle, for the Session's next (spec §7.1), in seconds; 0 removes every
-    /// container after its activation. At most 1800. See docs/supervisor.md
-    /// for the default.
+    /// container after its activation. At most 1800; 600
+    /// ([`crate::core::config::KEEP_IDLE`]) is the keep docs/supervisor.md
+    /// recommends. Off by default while the sandbox image's runner may
+    /// predate `--keep-idle-seconds` (it would refuse to start).
     #[arg(long = "keep-idle", env = "MANGO_KEEP_IDLE",
-          default_value_t = crate::core::config::KEEP_IDLE.as_secs(),
+          default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=1800))]
     pub keep_idle_seconds: u64,
 }
