@@ -181,7 +181,8 @@ fn main() -> ExitCode {
             egress,
         } => {
             init_logging();
-            let config = common.config(&docker.sandbox_base_url);
+            let mut config = common.config(&docker.sandbox_base_url);
+            config.keep_idle = Duration::from_secs(docker.keep_idle_seconds);
             let allowlist = match egress.allowlist() {
                 Ok(list) => list,
                 Err(err) => {

@@ -10,6 +10,14 @@ use std::time::Duration;
 pub const STOPPING_GRACE: Duration =
     Duration::from_secs(mango_runner::signal::EXIT_BOUND.as_secs() + 5);
 
+/// The default keep of an idle Session's sandbox: 10 minutes. A runner
+/// already waits 60 s after an end of turn before it ends an activation, so
+/// a kept sandbox serves the user who answers within minutes (reading a
+/// reply, running something, typing the next message); past that the
+/// next turn pays one cold start, while every kept sandbox holds its
+/// memory and pids all that time. docs/supervisor.md says the same.
+pub const KEEP_IDLE: Duration = Duration::from_secs(600);
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub environment_id: String,
@@ -53,6 +61,11 @@ pub struct Config {
     /// Ack (spec §7.1); 0: every item starts cold. They do not count
     /// against `max_concurrency`, which counts bound sandboxes.
     pub warm: usize,
+    /// How long a Session's sandbox waits, after an activation that ended
+    /// at its runner's idle end, for that Session's next activation (spec
+    /// §7.1); zero removes every sandbox after its activation. See
+    /// [`KEEP_IDLE`] for the default.
+    pub keep_idle: Duration,
     /// How often the warm pool checks its image (a changed one recycles
     /// the warm sandboxes of the old) and retries what it failed to make.
     pub warm_check_every: Duration,
@@ -79,6 +92,7 @@ impl Config {
             finish_grace: Duration::from_secs(5),
             workspace_sweep_every: Duration::from_secs(300),
             warm: 0,
+            keep_idle: KEEP_IDLE,
             warm_check_every: Duration::from_secs(5),
             first_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),

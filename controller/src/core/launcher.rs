@@ -271,4 +271,58 @@ pub trait Launcher: Send + Sync + 'static {
         let _ = warm;
         async { Ok(()) }
     }
+
+    // The kept half (spec §7.1). The defaults mean "nothing is kept": every
+    // sandbox is removed after its activation.
+
+    /// Whether the sandbox this launcher makes for `item` (cold, or warm and
+    /// bound) runs a runner that takes one envelope per activation and, after
+    /// an idle end, waits for its Session's next: then it is started with
+    /// [`Launcher::start_waiting`] and gets [`Launcher::deliver`], never
+    /// [`Launcher::hand_off`], and may be kept. Never for a healthcheck.
+    fn waits(&self, item: &ItemIdentity) -> bool {
+        let _ = item;
+        false
+    }
+
+    /// Starts a created sandbox whose runner waits for an envelope (see
+    /// [`Launcher::waits`]); returns when it started.
+    fn start_waiting(
+        &self,
+        sandbox: &Sandbox,
+    ) -> impl Future<Output = Result<Instant, LaunchError>> + Send {
+        let _ = sandbox;
+        async {
+            Err(LaunchError::Failed(
+                "this launcher keeps no sandboxes".into(),
+            ))
+        }
+    }
+
+    /// The image `sandbox` runs, as [`Launcher::warm_image`] names images;
+    /// `None`: not known, and then never the reason to recycle it.
+    fn image_of(
+        &self,
+        sandbox: &Sandbox,
+    ) -> impl Future<Output = Result<Option<String>, LaunchError>> + Send {
+        let _ = sandbox;
+        async { Ok(None) }
+    }
+
+    /// Makes the kept `sandbox` (its runner waiting after an idle end) the
+    /// sandbox of `spec`'s item, of the same Session: found by the new item's
+    /// name and identity from now on, by operators and by a restarted
+    /// supervisor's [`Launcher::existing`], and no longer by the old.
+    fn rebind(
+        &self,
+        sandbox: &Sandbox,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<Sandbox, LaunchError>> + Send {
+        let _ = (sandbox, spec);
+        async {
+            Err(LaunchError::Failed(
+                "this launcher keeps no sandboxes".into(),
+            ))
+        }
+    }
 }

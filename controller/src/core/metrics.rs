@@ -44,15 +44,19 @@ pub enum Outcome {
     LaunchFailed,
     /// Left by an earlier run and adopted.
     Adopted,
+    /// Its runner's idle end left the sandbox waiting for its Session's
+    /// next activation (spec §7.1): kept, not removed.
+    Kept,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 5] = [
+    const ALL: [Outcome; 6] = [
         Outcome::Finished,
         Outcome::Cancelled,
         Outcome::TimedOut,
         Outcome::LaunchFailed,
         Outcome::Adopted,
+        Outcome::Kept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +66,7 @@ impl Outcome {
             Outcome::TimedOut => "timed_out",
             Outcome::LaunchFailed => "launch_failed",
             Outcome::Adopted => "adopted",
+            Outcome::Kept => "kept",
         }
     }
 }
@@ -82,6 +87,10 @@ pub struct Metrics {
     /// Items that found no warm sandbox ready (or one that failed to bind)
     /// and started cold, with a warm pool configured.
     pub warm_missed: AtomicU64,
+    /// Sandboxes kept for their Session's next activation now.
+    pub kept: AtomicI64,
+    /// Items served by their Session's kept sandbox.
+    pub kept_reused: AtomicU64,
     last_poll_ok: Mutex<Option<SystemTime>>,
     last_error: Mutex<Option<(SystemTime, String)>>,
 }
@@ -197,7 +206,7 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
         }
     }
     type Counter = (&'static str, &'static str, fn(&Metrics) -> u64);
-    let counters: [Counter; 6] = [
+    let counters: [Counter; 7] = [
         ("mango_supervisor_polls_total", "Polls answered.", |m| {
             m.polls.load(Relaxed)
         }),
@@ -225,6 +234,11 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
             "mango_supervisor_warm_missed_total",
             "Items that started cold because no warm sandbox was ready.",
             |m| m.warm_missed.load(Relaxed),
+        ),
+        (
+            "mango_supervisor_kept_reused_total",
+            "Items served by their Session's kept sandbox.",
+            |m| m.kept_reused.load(Relaxed),
         ),
     ];
     for (name, help, value) in counters {
@@ -255,6 +269,18 @@ pub fn render_pools(pools: &[(Option<&str>, &Metrics)]) -> String {
             "mango_supervisor_warm_ready{} {}",
             label(*pool, ""),
             metrics.warm_ready.load(Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mango_supervisor_kept Sandboxes kept for their Session's next activation.\n# TYPE mango_supervisor_kept gauge"
+    );
+    for (pool, metrics) in pools {
+        let _ = writeln!(
+            out,
+            "mango_supervisor_kept{} {}",
+            label(*pool, ""),
+            metrics.kept.load(Relaxed)
         );
     }
     out

@@ -3,6 +3,7 @@
 //! launchers are adapters behind [`launcher::Launcher`].
 
 pub mod config;
+pub mod kept;
 pub mod launcher;
 pub mod metrics;
 pub mod naming;

@@ -8,6 +8,7 @@
 //! read every `claims_every` for all live items at once.
 
 use crate::core::config::Config;
+use crate::core::kept::KeptSandboxes;
 use crate::core::launcher::{
     Found, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
 };
@@ -86,6 +87,18 @@ enum Verdict {
     /// Stopped by a Stop (a cancellation), or another claim took it, or its
     /// lease was lost: its sandbox goes now.
     Over,
+    /// Stopped at its runner's idle end (spec §7.1): a runner that waits
+    /// for its Session's next envelope stays, and its sandbox may be kept.
+    Kept,
+}
+
+/// Where an item's sandbox came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Cold,
+    Warm,
+    /// Its Session's kept sandbox.
+    Kept,
 }
 
 struct LiveItem {
@@ -107,6 +120,9 @@ struct Shared<L> {
     slots: Arc<Semaphore>,
     /// Warm sandboxes ready to be bound; their own bound, not `slots`.
     warm: WarmPool,
+    /// Sandboxes waiting for their Session's next activation, bound to no
+    /// item; at most `max_concurrency` of them, the oldest evicted.
+    kept: KeptSandboxes,
     /// Set on shutdown once the grace is over: every sandbox goes now.
     force: CancellationToken,
     /// Set when the shutdown's bound is over too: removals stop retrying.
@@ -129,9 +145,15 @@ impl<L: Launcher> Supervisor<L> {
         let ops = Client::new(api_base, key.expose());
         let slots = Arc::new(Semaphore::new(config.max_concurrency));
         let warm = WarmPool::new(config.warm);
+        let kept = KeptSandboxes::new(if config.keep_idle.is_zero() {
+            0
+        } else {
+            config.max_concurrency
+        });
         Supervisor {
             shared: Arc::new(Shared {
                 warm,
+                kept,
                 config,
                 launcher,
                 poller,
@@ -228,6 +250,10 @@ impl<L: Launcher> Supervisor<L> {
             // them when it starts again. Only the watching stops.
             drop(shared.warm.drain(|_| false));
             shared.note_warm();
+            // Kept ones too: the next supervisor adopts each as the item it
+            // last served, whose ended claim gets it removed.
+            drop(shared.kept.drain());
+            shared.note_kept();
             shared.detach(&mut items).await;
             return match end {
                 RunEnd::KeyRefused(why) => RunEnd::KeyRefused(why),
@@ -239,6 +265,7 @@ impl<L: Launcher> Supervisor<L> {
             "no longer polling; letting running items finish"
         );
         shared.clear_warm().await;
+        shared.clear_kept().await;
         let watcher = tokio::spawn(shared.clone().watch_claims());
         shared.drain(&mut items).await;
         watcher.abort();
@@ -359,7 +386,9 @@ impl<L: Launcher> Shared<L> {
             let shared = self.clone();
             items.spawn(async move {
                 let mut stamps = Stamps::default();
-                shared.watch(&sandbox, verdict, &mut stamps).await;
+                // Adopted, it is never kept: whether its runner still waits
+                // for a next envelope, or which, this run cannot know.
+                shared.watch(&sandbox, verdict, &mut stamps, false).await;
                 shared.finish(&sandbox.item, &stamps);
                 drop(permit);
             });
@@ -468,21 +497,9 @@ impl<L: Launcher> Shared<L> {
         }
         stamps.mark(Stage::Acked);
         let spec = SandboxSpec::for_item(item, &self.config.pool, &self.config.sandbox_base_url);
-        let bound = match self.take_warm(item).await {
-            Some(warm) => self.bind(warm, &spec).await,
-            None => None,
-        };
-        let warm = bound.is_some();
-        let sandbox = match bound {
-            Some(sandbox) => {
-                stamps.mark(Stage::Bound);
-                sandbox
-            }
-            None => {
-                let sandbox = self.create_cold(&spec).await?;
-                stamps.mark(Stage::Created);
-                sandbox
-            }
+        let (mut sandbox, mut via) = match self.take_kept(&spec).await {
+            Some(sandbox) => (sandbox, Via::Kept),
+            None => self.make_sandbox(item, &spec, stamps).await?,
         };
         // After a cancellation, no secret is delivered.
         if *verdict.borrow() != Verdict::Live || self.force.is_cancelled() {
@@ -496,27 +513,71 @@ impl<L: Launcher> Shared<L> {
             });
             return Ok(Some(Outcome::Cancelled));
         }
-        let failed = if warm {
-            let delivered = tokio::time::timeout(
-                self.hand_off_bound(item, stamps),
-                self.launcher.deliver(&sandbox, envelope_of(item, secret)),
-            )
-            .await;
-            match delivered {
-                Ok(Ok(at)) => {
-                    stamps.mark_at(Stage::Delivered, at);
-                    None
-                }
-                Ok(Err(err)) => Some(format!("delivering the envelope failed: {err}")),
-                Err(_) => Some("delivering the envelope timed out".to_string()),
+        let mut failed = self.start(&sandbox, via, &secret, stamps).await;
+        if let (Some(failure), Via::Kept) = (&failed, via) {
+            // The claim is still ours: the item starts as if none was kept.
+            tracing::warn!(%work_id, sandbox = %sandbox.name, error = %failure, "the kept sandbox took no envelope; removing it and starting the item cold");
+            self.remove(&sandbox).await;
+            (sandbox, via) = self.make_sandbox(item, &spec, stamps).await?;
+            failed = self.start(&sandbox, via, &secret, stamps).await;
+        }
+        drop(secret);
+        if let Some(failure) = failed {
+            tracing::error!(%work_id, sandbox = %sandbox.name, error = %failure, "removing the sandbox; the item is left to its lease");
+            self.remove(&sandbox).await;
+            stamps.mark(Stage::Gone);
+            return Err(failure);
+        }
+        if via == Via::Kept {
+            self.metrics.kept_reused.fetch_add(1, Relaxed);
+        }
+        self.observer.observe(Happening::Launched(&sandbox));
+        let _ = verdict.borrow_and_update();
+        let keepable = self.keeps(item);
+        Ok(self.watch(&sandbox, verdict, stamps, keepable).await)
+    }
+
+    /// A warm sandbox bound to the item, or a cold one created for it.
+    async fn make_sandbox(
+        &self,
+        item: &ItemIdentity,
+        spec: &SandboxSpec,
+        stamps: &mut Stamps,
+    ) -> Result<(Sandbox, Via), String> {
+        let bound = match self.take_warm(item).await {
+            Some(warm) => self.bind(warm, spec).await,
+            None => None,
+        };
+        Ok(match bound {
+            Some(sandbox) => {
+                stamps.mark(Stage::Bound);
+                (sandbox, Via::Warm)
             }
-        } else {
-            let handed = tokio::time::timeout(
-                self.hand_off_bound(item, stamps),
-                self.launcher.hand_off(&sandbox, secret),
-            )
-            .await;
-            match handed {
+            None => {
+                let sandbox = self.create_cold(spec).await?;
+                stamps.mark(Stage::Created);
+                (sandbox, Via::Cold)
+            }
+        })
+    }
+
+    /// Gets the item's runner going with its secret: the envelope for one
+    /// that waits (warm, kept, or cold with keeping on), the bare secret
+    /// otherwise. `Some` says why it failed.
+    async fn start(
+        &self,
+        sandbox: &Sandbox,
+        via: Via,
+        secret: &Secret,
+        stamps: &mut Stamps,
+    ) -> Option<String> {
+        let item = &sandbox.item;
+        let bound = self.hand_off_bound(item, stamps);
+        let waiting_cold = via == Via::Cold && self.launcher.waits(item);
+        if via == Via::Cold && !waiting_cold {
+            let secret = Secret::new(secret.expose().to_string());
+            let handed = tokio::time::timeout(bound, self.launcher.hand_off(sandbox, secret)).await;
+            return match handed {
                 Ok(Ok(handed)) => {
                     stamps.mark_at(Stage::Started, handed.started);
                     stamps.mark_at(Stage::Delivered, handed.delivered);
@@ -524,17 +585,126 @@ impl<L: Launcher> Shared<L> {
                 }
                 Ok(Err(err)) => Some(format!("the hand-off failed: {err}")),
                 Err(_) => Some("the hand-off timed out".to_string()),
-            }
-        };
-        if let Some(failure) = failed {
-            tracing::error!(%work_id, sandbox = %sandbox.name, error = %failure, "removing the sandbox; the item is left to its lease");
-            self.remove(&sandbox).await;
-            stamps.mark(Stage::Gone);
-            return Err(failure);
+            };
         }
-        self.observer.observe(Happening::Launched(&sandbox));
-        let _ = verdict.borrow_and_update();
-        Ok(self.watch(&sandbox, verdict, stamps).await)
+        let delivered = tokio::time::timeout(bound, async {
+            if waiting_cold {
+                let started = self.launcher.start_waiting(sandbox).await?;
+                stamps.mark_at(Stage::Started, started);
+            }
+            self.launcher
+                .deliver(sandbox, envelope_of(item, secret))
+                .await
+        })
+        .await;
+        match delivered {
+            Ok(Ok(at)) => {
+                stamps.mark_at(Stage::Delivered, at);
+                None
+            }
+            Ok(Err(err)) => Some(format!("delivering the envelope failed: {err}")),
+            Err(_) => Some("delivering the envelope timed out".to_string()),
+        }
+    }
+
+    /// Whether `item`'s sandbox may be kept after an idle end.
+    fn keeps(&self, item: &ItemIdentity) -> bool {
+        !self.config.keep_idle.is_zero()
+            && item.work_type == WorkType::Session
+            && self.launcher.waits(item)
+    }
+
+    /// The item's Session's kept sandbox, rebound to it; `None` when there
+    /// is none, or it would not rebind (then it is removed).
+    async fn take_kept(&self, spec: &SandboxSpec) -> Option<Sandbox> {
+        let session_id = spec.item.session_id.as_deref()?;
+        let kept = self.kept.take(session_id)?;
+        self.note_kept();
+        let work_id = &spec.item.work_id;
+        if self.image_changed(&kept).await {
+            tracing::info!(%work_id, sandbox = %kept.name, "the pool's image changed since the Session's sandbox was kept; removing it and starting the item cold");
+            self.remove(&kept).await;
+            return None;
+        }
+        let rebound =
+            tokio::time::timeout(self.config.request_bound, self.launcher.rebind(&kept, spec))
+                .await;
+        let why = match rebound {
+            Ok(Ok(sandbox)) => {
+                tracing::info!(%work_id, sandbox = %sandbox.name, was = %kept.name, "bound its Session's kept sandbox");
+                return Some(sandbox);
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => format!("no answer within {:?}", self.config.request_bound),
+        };
+        tracing::warn!(%work_id, sandbox = %kept.name, error = %why, "could not rebind the Session's kept sandbox; removing it and starting the item cold");
+        self.remove(&kept).await;
+        None
+    }
+
+    /// Whether `sandbox` runs another image than new sandboxes would now;
+    /// not when either is unknown.
+    async fn image_changed(&self, sandbox: &Sandbox) -> bool {
+        let bound = self.config.request_bound;
+        let now = tokio::time::timeout(bound, self.launcher.warm_image()).await;
+        let its = tokio::time::timeout(bound, self.launcher.image_of(sandbox)).await;
+        match (now, its) {
+            (Ok(Ok(Some(now))), Ok(Ok(Some(its)))) => now != its,
+            _ => false,
+        }
+    }
+
+    /// Keeps the sandbox of an activation that ended at its runner's idle
+    /// end for its Session's next, until `keep_idle` runs out or its runner
+    /// exits; what the bound evicts is removed.
+    async fn keep(self: &Arc<Self>, sandbox: &Sandbox) {
+        let Some(session_id) = sandbox.item.session_id.clone() else {
+            self.remove(sandbox).await;
+            return;
+        };
+        let evicted = self
+            .kept
+            .admit(&session_id, sandbox.clone(), Instant::now());
+        let shared = self.clone();
+        let watched = sandbox.clone();
+        let task = tokio::spawn(async move {
+            let keep = tokio::time::sleep(shared.config.keep_idle);
+            tokio::pin!(keep);
+            let mut backoff = Backoff::new(&shared.config);
+            let why = loop {
+                tokio::select! {
+                    ended = shared.launcher.wait(&watched) => match ended {
+                        // While the engine is unavailable it may well wait still.
+                        Err(LaunchError::Unavailable { .. }) => tokio::time::sleep(backoff.next()).await,
+                        _ => break "its runner exited",
+                    },
+                    _ = &mut keep => break "its keep ran out",
+                }
+            };
+            if let Some(sandbox) = shared.kept.forget(&watched.handle) {
+                tracing::info!(sandbox = %sandbox.name, session_id = %session_id, why, "removing a kept sandbox");
+                shared.note_kept();
+                shared.remove(&sandbox).await;
+            }
+        });
+        self.kept.watch(&sandbox.handle, task.abort_handle());
+        self.note_kept();
+        for old in evicted {
+            tracing::info!(sandbox = %old.name, "evicting a kept sandbox past the bound");
+            self.remove(&old).await;
+        }
+    }
+
+    fn note_kept(&self) {
+        self.metrics.kept.store(self.kept.count() as i64, Relaxed);
+    }
+
+    /// On drain: every kept sandbox goes.
+    async fn clear_kept(&self) {
+        for sandbox in self.kept.drain() {
+            self.remove(&sandbox).await;
+        }
+        self.note_kept();
     }
 
     /// Creates the item's sandbox, not yet started; `Err` says why not
@@ -843,12 +1013,14 @@ impl<L: Launcher> Shared<L> {
 
     /// Until the runner exits, its Work is stopped or reclaimed, a
     /// healthcheck's attempt runs out, or shutdown forces it; then the
-    /// sandbox goes. On detach it is left as it is (`None`).
+    /// sandbox goes. On detach it is left as it is (`None`). A `keepable`
+    /// one whose Work ends at its runner's idle end is kept instead.
     async fn watch(
-        &self,
+        self: &Arc<Self>,
         sandbox: &Sandbox,
         mut verdict: watch::Receiver<Verdict>,
         stamps: &mut Stamps,
+        keepable: bool,
     ) -> Option<Outcome> {
         let work_id = &sandbox.item.work_id;
         let attempt_ends = match sandbox.item.work_type {
@@ -912,6 +1084,22 @@ impl<L: Launcher> Shared<L> {
                         // Its runner reported and is exiting: removing the
                         // sandbox now would cut its last steps short.
                         Verdict::Finished if finish_ends.is_none() => {
+                            finish_ends = Some(tokio::time::Instant::now() + self.config.finish_grace);
+                        }
+                        // Its runner now waits for the Session's next envelope.
+                        Verdict::Kept if keepable && !self.force.is_cancelled() => {
+                            tracing::info!(%work_id, sandbox = %sandbox.name, keep = ?self.config.keep_idle, "its activation ended idle; keeping the sandbox for its Session's next");
+                            self.keep(sandbox).await;
+                            return Some(Outcome::Kept);
+                        }
+                        // One that waits, not to be kept, would wait on
+                        // with nothing to deliver: it goes now.
+                        Verdict::Kept if self.launcher.waits(&sandbox.item) => {
+                            tracing::info!(%work_id, sandbox = %sandbox.name, "its activation ended idle; its sandbox is not kept, removing it");
+                            break Outcome::Finished;
+                        }
+                        // Its runner exits by itself, as after a Result.
+                        Verdict::Kept if finish_ends.is_none() => {
                             finish_ends = Some(tokio::time::Instant::now() + self.config.finish_grace);
                         }
                         _ => {}
@@ -1109,6 +1297,12 @@ impl<L: Launcher> Shared<L> {
                     if self.live_session(session_id) {
                         continue;
                     }
+                    // Its kept sandbox goes first: it holds the workspace.
+                    if let Some(kept) = self.kept.take(session_id) {
+                        tracing::info!(sandbox = %kept.name, %session_id, "removing the kept sandbox of a deleted Session");
+                        self.note_kept();
+                        self.remove(&kept).await;
+                    }
                     match tokio::time::timeout(
                         self.config.request_bound,
                         self.launcher.remove_workspace(session_id),
@@ -1204,7 +1398,7 @@ impl<L: Launcher> Shared<L> {
 
 /// The envelope line of `item`, carrying its secret: zeroed when dropped,
 /// as the secret is.
-fn envelope_of(item: &ItemIdentity, secret: Secret) -> Secret {
+fn envelope_of(item: &ItemIdentity, secret: &Secret) -> Secret {
     let mut envelope = Envelope {
         work_id: item.work_id.clone(),
         environment_id: item.environment_id.clone(),
@@ -1213,7 +1407,6 @@ fn envelope_of(item: &ItemIdentity, secret: Secret) -> Secret {
         claim: item.claim,
         secret: secret.expose().to_string(),
     };
-    drop(secret);
     let line = Secret::new(envelope.to_line());
     zeroize::Zeroize::zeroize(&mut envelope.secret);
     line
@@ -1238,6 +1431,7 @@ fn verdict_of(claim: Option<&ClaimState>, ours: i64) -> Verdict {
         // Its runner lost the lease (a runner that never heartbeats, say):
         // any Poll may take the item, so this activation is over.
         Some(c) if c.lease_lost => Verdict::Over,
+        Some(c) if c.keepable => Verdict::Kept,
         Some(c) => match c.state {
             // Only the runner's own Result stops a Work with no Stop asked
             // for (or the api's deadline of a check long past its attempt).
@@ -1330,6 +1524,30 @@ mod tests {
             ..claim(Stopped, 1, false)
         };
         assert_eq!(verdict_of(Some(&stopped_elsewhere), 1), Verdict::Over);
+    }
+
+    #[test]
+    fn only_an_idle_end_of_our_own_claim_keeps() {
+        use WorkState::*;
+        let idle = ClaimState {
+            keepable: true,
+            ..claim(Stopped, 1, false)
+        };
+        assert_eq!(verdict_of(Some(&idle), 1), Verdict::Kept);
+        assert_eq!(
+            verdict_of(Some(&idle), 2),
+            Verdict::Over,
+            "another claim's idle end is not this sandbox's"
+        );
+        let lost = ClaimState {
+            keepable: true,
+            ..claim(Stopped, 1, true)
+        };
+        assert_eq!(
+            verdict_of(Some(&lost), 1),
+            Verdict::Over,
+            "a lost lease never keeps"
+        );
     }
 
     #[test]

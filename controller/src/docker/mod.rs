@@ -39,9 +39,10 @@ use bollard::models::{
     MountTypeEnum, NetworkCreateRequest, Volume, VolumeCreateOptions,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, InspectNetworkOptions, KillContainerOptions,
-    ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, RenameContainerOptions, StartContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, InspectContainerOptions, InspectNetworkOptions,
+    KillContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions, RenameContainerOptions, StartContainerOptions,
+    WaitContainerOptions,
 };
 use bollard::Docker;
 use futures::StreamExt;
@@ -69,6 +70,10 @@ const WARM_PREFIX: &str = "mango-warm-";
 const LABEL_WORKSPACE_VOLUME: &str = "mango.dev/workspace-volume";
 /// On a binding record of a bound warm container: that container's id.
 const LABEL_CONTAINER: &str = "mango.dev/container";
+/// On a binding record: how many times its container was rebound before
+/// (a kept container gets one record per item it serves; the highest is
+/// the current one).
+const LABEL_GENERATION: &str = "mango.dev/binding-generation";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DockerArgs {
@@ -131,6 +136,16 @@ pub struct DockerArgs {
     #[arg(long, env = "MANGO_SANDBOX_LOG_MAX_FILES", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub log_max_files: u32,
+    /// How long a Session's container waits, after an activation that ended
+    /// idle, for the Session's next (spec §7.1), in seconds; 0 removes every
+    /// container after its activation. At most 1800; 600
+    /// ([`crate::core::config::KEEP_IDLE`]) is the keep docs/supervisor.md
+    /// recommends. Off by default while the sandbox image's runner may
+    /// predate `--keep-idle-seconds` (it would refuse to start).
+    #[arg(long = "keep-idle", env = "MANGO_KEEP_IDLE",
+          default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1800))]
+    pub keep_idle_seconds: u64,
 }
 
 /// A json-file `max-size`: a whole number and `k`, `m` or `g`.
@@ -154,6 +169,9 @@ pub struct DockerLauncher {
     network: FencedNetwork,
     /// The egress proxy sandboxes are pointed at, when the pool allows any.
     egress: Option<crate::egress::Routing>,
+    /// With a keep (spec §7.1), Session containers run the runner in its
+    /// waiting mode, taking a next envelope after an idle end.
+    keep_idle: Option<Duration>,
 }
 
 /// The bounded workspaces `args` ask for, or why they cannot be had here.
@@ -252,6 +270,23 @@ fn volume_mount(source: String) -> Mount {
 /// The binding record of the bound warm container `handle`.
 fn record_name(handle: &str) -> String {
     format!("mango-bound-{}", &handle[..handle.len().min(12)])
+}
+
+/// Which binding of its container a record is (0: the first).
+fn generation_of(record: &Volume) -> u64 {
+    record
+        .labels
+        .get(LABEL_GENERATION)
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The binding record of container `handle`'s binding `generation`.
+fn record_of_generation(handle: &str, generation: u64) -> String {
+    match generation {
+        0 => record_name(handle),
+        n => format!("{}-{n}", record_name(handle)),
+    }
 }
 
 /// The workspace a Session's volume stands for: the warm volume it binds,
@@ -493,7 +528,9 @@ impl DockerLauncher {
             workspaces,
             network,
             egress: None,
-        })
+            keep_idle: None,
+        }
+        .with_keep_idle(Duration::from_secs(args.keep_idle_seconds)))
     }
 
     /// The sandboxes' network.
@@ -504,6 +541,36 @@ impl DockerLauncher {
     /// The bounded workspaces, when they are.
     pub fn workspaces(&self) -> Option<&Workspaces> {
         self.workspaces.as_ref()
+    }
+
+    /// Session containers made from now on (cold and warm) wait, after an
+    /// activation that ended idle, up to `keep_idle` for the Session's next
+    /// envelope; zero: none does.
+    pub fn with_keep_idle(mut self, keep_idle: Duration) -> DockerLauncher {
+        self.keep_idle = (!keep_idle.is_zero()).then_some(keep_idle);
+        self
+    }
+
+    /// The runner's command line in a container that waits for envelopes.
+    fn waiting_cmd(&self) -> Vec<String> {
+        let mut cmd = vec![RUNNER.to_string(), "--wait".to_string()];
+        if let Some(keep) = self.keep_idle {
+            cmd.push("--keep-idle-seconds".to_string());
+            cmd.push(keep.as_secs().max(1).to_string());
+        }
+        cmd
+    }
+
+    /// The binding records of container `handle`, newest generation first.
+    async fn records_of(&self, handle: &str) -> Result<Vec<Volume>, LaunchError> {
+        let mut records: Vec<Volume> = self
+            .bound_records_all()
+            .await?
+            .into_iter()
+            .filter(|v| v.labels.get(LABEL_CONTAINER).map(String::as_str) == Some(handle))
+            .collect();
+        records.sort_by_key(|v| std::cmp::Reverse(generation_of(v)));
+        Ok(records)
     }
 
     /// Sandboxes made from now on get the proxy variables of `routing`.
@@ -655,8 +722,26 @@ impl DockerLauncher {
             })
     }
 
-    /// The binding records of bound warm containers, by container id.
+    /// The current binding record of each bound container (warm bound, or
+    /// kept and rebound), by container id.
     async fn bound_records(&self) -> Result<HashMap<String, Volume>, LaunchError> {
+        let mut current: HashMap<String, Volume> = HashMap::new();
+        for record in self.bound_records_all().await? {
+            let Some(handle) = record.labels.get(LABEL_CONTAINER).cloned() else {
+                continue;
+            };
+            match current.get(&handle) {
+                Some(had) if generation_of(had) >= generation_of(&record) => {}
+                _ => {
+                    current.insert(handle, record);
+                }
+            }
+        }
+        Ok(current)
+    }
+
+    /// Every binding record of this pool.
+    async fn bound_records_all(&self) -> Result<Vec<Volume>, LaunchError> {
         let filters = HashMap::from([(
             "label".to_string(),
             vec![
@@ -672,12 +757,7 @@ impl DockerLauncher {
             }))
             .await
             .map_err(launch_error)?;
-        Ok(listed
-            .volumes
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|v| Some((v.labels.get(LABEL_CONTAINER)?.clone(), v)))
-            .collect())
+        Ok(listed.volumes.unwrap_or_default())
     }
 
     async fn image_id(&self) -> Result<String, LaunchError> {
@@ -721,7 +801,7 @@ impl DockerLauncher {
         };
         let mut body = self.container(&spec, Some(volume_mount(volume.to_string())));
         body.image = Some(image.to_string());
-        body.cmd = Some(vec![RUNNER.to_string(), "--wait".to_string()]);
+        body.cmd = Some(self.waiting_cmd());
         body.stdin_once = Some(false);
         body
     }
@@ -903,7 +983,9 @@ impl Launcher for DockerLauncher {
                     let record = records.get(c.id.as_deref()?)?;
                     naming::item_of(&record.labels.clone().into_iter().collect())
                 };
-                let item = naming::item_of(&labels).or_else(recorded)?;
+                // Docker cannot relabel a container: once rebound, its record
+                // names its item, and its own labels its first.
+                let item = recorded().or_else(|| naming::item_of(&labels))?;
                 let name = c
                     .names
                     .and_then(|n| n.into_iter().next())
@@ -928,6 +1010,27 @@ impl Launcher for DockerLauncher {
             ),
             None => None,
         };
+        let body = if self.waits(&spec.item) {
+            // Its identity comes with each envelope, never in its
+            // environment, which Docker cannot change when it is rebound.
+            let waiting = SandboxSpec {
+                env: vec![(
+                    "MANGO_BASE_URL".to_string(),
+                    self.args.sandbox_base_url.clone(),
+                )],
+                item: crate::core::launcher::ItemIdentity {
+                    work_id: String::new(),
+                    ..spec.item.clone()
+                },
+                ..spec.clone()
+            };
+            let mut body = self.container(&waiting, workspace);
+            body.cmd = Some(self.waiting_cmd());
+            body.stdin_once = Some(false);
+            body
+        } else {
+            self.container(spec, workspace)
+        };
         let created = self
             .docker
             .create_container(
@@ -935,7 +1038,7 @@ impl Launcher for DockerLauncher {
                     name: Some(spec.name.clone()),
                     ..Default::default()
                 }),
-                self.container(spec, workspace),
+                body,
             )
             .await;
         match created {
@@ -1010,16 +1113,15 @@ impl Launcher for DockerLauncher {
     /// (a healthcheck's) its workspace; a Session's stays the Session's.
     async fn remove(&self, sandbox: &Sandbox) -> Result<(), LaunchError> {
         self.remove_container(&sandbox.handle).await?;
-        let record = record_name(&sandbox.handle);
-        let Some(found) = self.volume(&record).await? else {
-            return Ok(());
-        };
-        if sandbox.item.session_id.is_none() {
-            if let Some(workspace) = found.labels.get(LABEL_WORKSPACE_VOLUME) {
-                self.remove_workspace_volume(workspace).await?;
+        for found in self.records_of(&sandbox.handle).await? {
+            if sandbox.item.session_id.is_none() {
+                if let Some(workspace) = found.labels.get(LABEL_WORKSPACE_VOLUME) {
+                    self.remove_workspace_volume(workspace).await?;
+                }
             }
+            self.remove_volume(&found.name).await?;
         }
-        self.remove_volume(&record).await
+        Ok(())
     }
 
     async fn workspaces(&self, environment_id: &str) -> Result<Vec<String>, LaunchError> {
@@ -1247,5 +1349,87 @@ impl Launcher for DockerLauncher {
         self.remove_container(&warm.handle).await?;
         self.remove_volume(&record_name(&warm.handle)).await?;
         self.remove_workspace_volume(&warm.name).await
+    }
+
+    async fn image_of(&self, sandbox: &Sandbox) -> Result<Option<String>, LaunchError> {
+        match self
+            .docker
+            .inspect_container(&sandbox.handle, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(inspected) => Ok(inspected.image),
+            Err(err) if status_of(&err) == Some(404) => Ok(None),
+            Err(err) => Err(launch_error(err)),
+        }
+    }
+
+    fn waits(&self, item: &crate::core::launcher::ItemIdentity) -> bool {
+        self.keep_idle.is_some() && item.session_id.is_some()
+    }
+
+    async fn start_waiting(&self, sandbox: &Sandbox) -> Result<Instant, LaunchError> {
+        self.docker
+            .start_container(&sandbox.handle, None::<StartContainerOptions>)
+            .await
+            .map_err(launch_error)?;
+        Ok(Instant::now())
+    }
+
+    /// A record of the next generation first (from then on a restarted
+    /// supervisor adopts the container as the new item's, and
+    /// `docker volume ls --filter label=mango.dev/work-id=…` finds it), then
+    /// the name, then the older records go. What fails undoes the record.
+    async fn rebind(&self, sandbox: &Sandbox, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        if sandbox.item.session_id.is_none() || sandbox.item.session_id != spec.item.session_id {
+            return Err(LaunchError::Failed(format!(
+                "sandbox {} serves another Session",
+                sandbox.name
+            )));
+        }
+        let older = self.records_of(&sandbox.handle).await?;
+        let generation = older.first().map_or(0, |r| generation_of(r) + 1);
+        let record = record_of_generation(&sandbox.handle, generation);
+        let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
+        labels.insert(LABEL_CONTAINER.to_string(), sandbox.handle.clone());
+        labels.insert(LABEL_GENERATION.to_string(), generation.to_string());
+        if let Some(workspace) = older
+            .first()
+            .and_then(|r| r.labels.get(LABEL_WORKSPACE_VOLUME))
+        {
+            labels.insert(LABEL_WORKSPACE_VOLUME.to_string(), workspace.clone());
+        }
+        let made = self.make_volume(&record, labels).await?;
+        if naming::item_of(&made.labels.clone().into_iter().collect()).as_ref() != Some(&spec.item)
+        {
+            // Another item's record of this generation: rebound already.
+            return Err(LaunchError::Taken(sandbox.name.clone()));
+        }
+        let renamed = self
+            .docker
+            .rename_container(
+                &sandbox.handle,
+                RenameContainerOptions {
+                    name: spec.name.clone(),
+                },
+            )
+            .await;
+        if let Err(err) = renamed {
+            let _ = self.remove_volume(&record).await;
+            if status_of(&err) == Some(409) {
+                return Err(LaunchError::AlreadyExists(spec.name.clone()));
+            }
+            return Err(launch_error(err));
+        }
+        for old in older {
+            // Left behind, an older one is outranked by this generation.
+            if let Err(err) = self.remove_volume(&old.name).await {
+                tracing::warn!(record = %old.name, error = %err, "could not remove an older binding record");
+            }
+        }
+        Ok(Sandbox {
+            name: spec.name.clone(),
+            handle: sandbox.handle.clone(),
+            item: spec.item.clone(),
+        })
     }
 }

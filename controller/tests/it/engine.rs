@@ -92,6 +92,8 @@ impl Engine {
             workspace_root: workspace_root(),
             log_max_size: "1m".into(),
             log_max_files: 2,
+            // Removed after each activation unless a test keeps them.
+            keep_idle_seconds: 0,
         }
     }
 

@@ -1,0 +1,188 @@
+//! Kept sandboxes on a real Docker Engine (spec §7.1), the launcher's half:
+//! a Session's container made to wait for envelopes, and rebound to the
+//! Session's next item by a rename and a binding record, because Docker
+//! cannot relabel a container.
+
+use crate::engine::{self, Engine};
+use bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptions, ListVolumesOptions, RemoveVolumeOptions,
+};
+use mango_controller::core::launcher::{ItemIdentity, LaunchError, Launcher, SandboxSpec};
+use mango_controller::docker::DockerLauncher;
+use mango_protocol::WorkType;
+use mango_testkit::TestApp;
+use std::collections::HashMap;
+
+fn item(work_id: &str, session: Option<&str>) -> ItemIdentity {
+    ItemIdentity {
+        work_id: work_id.into(),
+        claim: 1,
+        environment_id: "env_kept".into(),
+        work_type: if session.is_some() {
+            WorkType::Session
+        } else {
+            WorkType::Healthcheck
+        },
+        session_id: session.map(String::from),
+    }
+}
+
+async fn keeping(engine: &Engine, api: &TestApp, pool: &str, keep: u64) -> DockerLauncher {
+    let mut args = engine.args(api);
+    args.keep_idle_seconds = keep;
+    DockerLauncher::connect(&args, pool)
+        .await
+        .expect("the Docker launcher connects")
+}
+
+/// The volumes whose labels include `label`.
+async fn volumes_labelled(engine: &Engine, label: &str) -> Vec<bollard::models::Volume> {
+    engine
+        .docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: Some(HashMap::from([(
+                "label".to_string(),
+                vec![label.to_string()],
+            )])),
+        }))
+        .await
+        .expect("volumes are listed")
+        .volumes
+        .unwrap_or_default()
+}
+
+async fn clean(engine: &Engine, pool: &str, sessions: &[&str]) {
+    engine.clean(pool, sessions).await;
+    for volume in volumes_labelled(engine, &format!("mango.dev/pool={pool}")).await {
+        let _ = engine
+            .docker
+            .remove_volume(&volume.name, None::<RemoveVolumeOptions>)
+            .await;
+    }
+}
+
+/// With a keep, a Session's container runs the runner waiting for envelopes
+/// (stdin kept open, no identity in its environment); a healthcheck's does
+/// not. Rebinding it to the Session's next item renames it, and its newest
+/// binding record names the new item, so a restarted supervisor's
+/// `existing()` and `docker volume ls --filter label=mango.dev/work-id=…`
+/// find the new item, not the old; older records go, another Session's
+/// item is refused, and removing the container removes every record.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let api = engine.api(db, mango_api::Settings::default()).await;
+    let pool = engine::pool("keptrebind");
+    let session = format!("sesn_{pool}");
+    // Container names are the engine's, not the pool's: each run its own.
+    let run = pool.rsplit('-').next().unwrap().to_string();
+    let work = |n: &str| format!("work_kept{n}_{run}");
+    clean(&engine, &pool, &[&session]).await;
+    let launcher = keeping(&engine, &api, &pool, 45).await;
+    let base = engine::sandbox_base(&api);
+
+    let first = SandboxSpec::for_item(&item(&work("1"), Some(&session)), &pool, &base);
+    assert!(launcher.waits(&first.item));
+    let sandbox = launcher.create(&first).await.expect("created");
+    let inspected = engine
+        .docker
+        .inspect_container(&sandbox.handle, None::<InspectContainerOptions>)
+        .await
+        .unwrap();
+    let config = inspected.config.unwrap();
+    assert_eq!(
+        config.cmd.unwrap(),
+        vec![
+            "/usr/local/bin/mango-runner",
+            "--wait",
+            "--keep-idle-seconds",
+            "45"
+        ]
+    );
+    assert_eq!(config.stdin_once, Some(false), "stdin outlives an envelope");
+    let env = config.env.unwrap();
+    assert!(
+        !env.iter().any(|e| e.starts_with("MANGO_WORK_ID=")),
+        "its identity comes with each envelope: {env:?}"
+    );
+
+    let check = SandboxSpec::for_item(&item(&work("check"), None), &pool, &base);
+    assert!(!launcher.waits(&check.item), "a healthcheck's never waits");
+    let checked = launcher.create(&check).await.expect("created");
+    let check_config = engine
+        .docker
+        .inspect_container(&checked.handle, None::<InspectContainerOptions>)
+        .await
+        .unwrap()
+        .config
+        .unwrap();
+    assert_eq!(check_config.stdin_once, Some(true));
+    launcher.remove(&checked).await.unwrap();
+
+    let second = SandboxSpec::for_item(&item(&work("2"), Some(&session)), &pool, &base);
+    let rebound = launcher.rebind(&sandbox, &second).await.expect("rebound");
+    assert_eq!(rebound.handle, sandbox.handle, "the same container");
+    assert_eq!(rebound.item, second.item);
+    let by_name = engine
+        .docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([(
+                "name".to_string(),
+                vec![second.name.clone()],
+            )])),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    assert_eq!(by_name.len(), 1, "renamed to the new item's name");
+    let records = volumes_labelled(&engine, &format!("mango.dev/work-id={}", work("2"))).await;
+    assert_eq!(records.len(), 1, "the record finds the new item");
+    assert_eq!(records[0].labels["mango.dev/container"], sandbox.handle);
+    let adopted = launcher.existing().await.unwrap();
+    let mine: Vec<_> = adopted
+        .iter()
+        .filter(|f| f.sandbox.handle == sandbox.handle)
+        .collect();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(
+        mine[0].sandbox.item, second.item,
+        "adopted as the new item's, not by its first labels"
+    );
+
+    let third = SandboxSpec::for_item(&item(&work("3"), Some(&session)), &pool, &base);
+    let again = launcher.rebind(&rebound, &third).await.expect("rebound");
+    assert!(
+        volumes_labelled(&engine, &format!("mango.dev/work-id={}", work("2")))
+            .await
+            .is_empty(),
+        "the older record goes"
+    );
+    let adopted = launcher.existing().await.unwrap();
+    let mine = adopted
+        .iter()
+        .find(|f| f.sandbox.handle == sandbox.handle)
+        .unwrap();
+    assert_eq!(mine.sandbox.item, third.item);
+
+    let other = SandboxSpec::for_item(&item(&work("4"), Some("sesn_other")), &pool, &base);
+    assert!(
+        matches!(
+            launcher.rebind(&again, &other).await,
+            Err(LaunchError::Failed(_))
+        ),
+        "a sandbox serves one Session in its life"
+    );
+
+    launcher.remove(&again).await.unwrap();
+    assert!(engine.containers(&pool).await.is_empty());
+    assert!(
+        volumes_labelled(&engine, &format!("mango.dev/container={}", sandbox.handle))
+            .await
+            .is_empty(),
+        "every record goes with the container"
+    );
+    clean(&engine, &pool, &[&session]).await;
+}
