@@ -310,7 +310,11 @@ async fn run_item(id: Identity) -> anyhow::Result<Exit> {
         Err(exit) => return Ok(exit),
     };
     let keep = id.wait && id.keep_idle_seconds > 0;
-    if keep {
+    // In a sandbox PID 1 reaps orphans and the sweep ends every process;
+    // elsewhere the runner adopts its tools' orphans to find them. Not in a
+    // sandbox too: orphans that exit would wait as the runner's zombies,
+    // against the pids limit, until the next sweep.
+    if keep && !crate::init::forked_by_init() {
         kept::become_subreaper()?;
     }
     loop {
