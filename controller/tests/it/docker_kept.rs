@@ -186,3 +186,124 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
     );
     clean(&engine, &pool, &[&session]).await;
 }
+
+/// The first turn leaves what a kept container must not carry over: a
+/// shell variable, a directory change, a `setsid` daemon, a double-forked
+/// one, and a `/tmp` file; and a workspace file it must.
+const LEAVES_TRACES: &str = "export KEPT_VAR=one; mkdir -p sub; cd sub; echo one > ../kept.txt; \
+    setsid sleep 1000 >/dev/null 2>&1 < /dev/null & (sleep 1001 >/dev/null 2>&1 < /dev/null &); \
+    touch /tmp/left-over; echo TRACES-LEFT";
+
+/// The follow-up turn reports what it finds.
+const FINDS_TRACES: &str = r#"echo "VAR=${KEPT_VAR:-unset} DIR=$(basename "$PWD")"; cat kept.txt
+[ -e /tmp/left-over ] && echo TMP=kept || echo TMP=empty
+n=0; for c in /proc/[0-9]*/comm; do [ "$(cat "$c" 2>/dev/null)" = sleep ] && n=$((n + 1)); done
+echo "SLEEPS=$n"; echo FOUND"#;
+
+/// Spec §7.1 end to end, a real runner in a real container: after a turn
+/// that ends at the runner's idle end, the Session's next turn runs in the
+/// same container, with its files and a fresh shell, and nothing of the
+/// last turn runs or lies in `/tmp`. An operator's Stop then removes it.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn docker_kept_follow_up_turn_runs_in_the_same_container_as_a_fresh_one(db: sqlx::PgPool) {
+    use crate::support::{config, end_activation, turn, two_bash_turns, Running};
+    use mango_controller::core::supervisor::RunEnd;
+    use std::time::{Duration, Instant};
+
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let model =
+        mango_testkit::ScriptedModel::start(two_bash_turns(LEAVES_TRACES, FINDS_TRACES)).await;
+    let api = engine
+        .api(
+            db,
+            mango_api::Settings {
+                model_base_url: Some(model.base.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+    let pool = engine::pool("keptturn");
+    let mut supervisor = config(&api, 2);
+    supervisor.sandbox_base_url = engine::sandbox_base(&api);
+    supervisor.pool = pool.clone();
+    supervisor.keep_idle = Duration::from_secs(300);
+    let running = Running::start(&api, supervisor, keeping(&engine, &api, &pool, 300).await).await;
+    let session = mango_testkit::turns::session_with_tools(
+        &api,
+        serde_json::json!([{"type": "agent_toolset_20260401"}]),
+    )
+    .await;
+    turn(
+        &api,
+        &session,
+        "leave traces",
+        "TRACES-LEFT",
+        Duration::from_secs(120),
+    )
+    .await;
+    let first = engine.containers(&pool).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    let container = first[0].id.clone().unwrap();
+
+    // The runner's own idle end (60 s after the end of turn) stops the Work.
+    let deadline = Instant::now() + Duration::from_secs(150);
+    while api
+        .session_work(&session)
+        .await
+        .iter()
+        .any(|(_, s)| s != "stopped")
+    {
+        assert!(Instant::now() < deadline, "the activation never ended idle");
+        // A poll interval inside the deadline above.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running.metrics.kept.load(std::sync::atomic::Ordering::Relaxed) != 1 {
+        assert!(Instant::now() < deadline, "the supervisor never kept it");
+        // A poll interval inside the deadline above.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = engine.containers(&pool).await;
+    assert_eq!(kept.len(), 1, "kept, not removed: {kept:?}");
+    assert_eq!(kept[0].id.as_deref(), Some(container.as_str()));
+    assert_eq!(
+        kept[0].state,
+        Some(bollard::models::ContainerSummaryStateEnum::RUNNING),
+        "{kept:?}"
+    );
+
+    let events = turn(
+        &api,
+        &session,
+        "find them",
+        "FOUND",
+        Duration::from_secs(60),
+    )
+    .await;
+    let output = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "user.tool_result")
+        .and_then(|r| r["content"][0]["text"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let serving = engine.containers(&pool).await;
+    assert_eq!(serving.len(), 1, "{serving:?}");
+    assert_eq!(
+        serving[0].id.as_deref(),
+        Some(container.as_str()),
+        "the follow-up turn ran in the kept container"
+    );
+    for want in ["VAR=unset DIR=workspace", "one", "TMP=empty", "SLEEPS=0"] {
+        assert!(output.contains(want), "{want}: {output}");
+    }
+
+    // An operator's Stop is never kept: the container goes at once.
+    end_activation(&api, &session).await;
+    let left = engine.until_empty(&pool, Duration::from_secs(20)).await;
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    clean(&engine, &pool, &[&session]).await;
+}
