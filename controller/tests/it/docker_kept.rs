@@ -260,7 +260,12 @@ async fn docker_kept_follow_up_turn_runs_in_the_same_container_as_a_fresh_one(db
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while running.metrics.kept.load(std::sync::atomic::Ordering::Relaxed) != 1 {
+    while running
+        .metrics
+        .kept
+        .load(std::sync::atomic::Ordering::Relaxed)
+        != 1
+    {
         assert!(Instant::now() < deadline, "the supervisor never kept it");
         // A poll interval inside the deadline above.
         tokio::time::sleep(Duration::from_millis(100)).await;
