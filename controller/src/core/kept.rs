@@ -35,6 +35,14 @@ impl KeptSandboxes {
         self.by_session.lock().expect("kept lock").len()
     }
 
+    /// Whether Session `session_id` has a kept sandbox now.
+    pub fn holds(&self, session_id: &str) -> bool {
+        self.by_session
+            .lock()
+            .expect("kept lock")
+            .contains_key(session_id)
+    }
+
     /// Keeps `sandbox` for `session_id`. Returns what must be removed now:
     /// `sandbox` itself when none may be kept, else the oldest ones past the
     /// bound, and any one kept for that Session before (never two of one

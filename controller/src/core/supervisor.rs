@@ -497,6 +497,7 @@ impl<L: Launcher> Shared<L> {
         }
         stamps.mark(Stage::Acked);
         let spec = SandboxSpec::for_item(item, &self.config.pool, &self.config.sandbox_base_url);
+        self.settle_earlier_items_of(item).await;
         let (mut sandbox, mut via) = match self.take_kept(&spec).await {
             Some(sandbox) => (sandbox, Via::Kept),
             None => self.make_sandbox(item, &spec, stamps).await?,
@@ -612,6 +613,63 @@ impl<L: Launcher> Shared<L> {
         !self.config.keep_idle.is_zero()
             && item.work_type == WorkType::Session
             && self.launcher.waits(item)
+    }
+
+    /// Before an item of a Session with another live item here takes a
+    /// sandbox: that item may have ended idle since the claims watch last
+    /// read it, and would then be kept only after this item started cold,
+    /// to wait out its keep unused. Its claim is read now instead, and its
+    /// sandbox, if kept, is waited for (within the request bound).
+    async fn settle_earlier_items_of(&self, item: &ItemIdentity) {
+        if self.config.keep_idle.is_zero() {
+            return;
+        }
+        let Some(session_id) = item.session_id.as_deref() else {
+            return;
+        };
+        let earlier = |live: &HashMap<String, LiveItem>| -> Vec<(String, i64)> {
+            live.iter()
+                .filter(|(id, e)| {
+                    **id != item.work_id && e.session_id.as_deref() == Some(session_id)
+                })
+                .map(|(id, e)| (id.clone(), e.claim))
+                .collect()
+        };
+        let earlier_items = earlier(&self.live.lock().expect("live lock"));
+        if earlier_items.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = earlier_items.iter().map(|(id, _)| id.clone()).collect();
+        let bound = self.config.request_bound;
+        let env = &self.config.environment_id;
+        let Ok(Ok(answer)) = tokio::time::timeout(bound, self.ops.claims(env, &ids)).await else {
+            return;
+        };
+        let mut ended_idle = false;
+        {
+            let live = self.live.lock().expect("live lock");
+            for (id, claim) in &earlier_items {
+                let Some(entry) = live.get(id) else { continue };
+                let verdict = verdict_of(answer.data.iter().find(|c| c.id == *id), *claim);
+                ended_idle |= verdict == Verdict::Kept;
+                entry.verdict.send_if_modified(|v| {
+                    let changed = *v != verdict;
+                    *v = verdict;
+                    changed
+                });
+            }
+        }
+        if !ended_idle {
+            return;
+        }
+        let deadline = Instant::now() + bound;
+        while !self.kept.holds(session_id)
+            && !earlier(&self.live.lock().expect("live lock")).is_empty()
+            && Instant::now() < deadline
+        {
+            // A poll inside the bound: its watch keeps the sandbox at once.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The item's Session's kept sandbox, rebound to it; `None` when there
