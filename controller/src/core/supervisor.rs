@@ -107,6 +107,18 @@ struct LiveItem {
     verdict: watch::Sender<Verdict>,
 }
 
+impl LiveItem {
+    /// Tells the item's watch what its claim says now; an unchanged verdict
+    /// wakes nothing.
+    fn tell(&self, verdict: Verdict) {
+        self.verdict.send_if_modified(|v| {
+            let changed = *v != verdict;
+            *v = verdict;
+            changed
+        });
+    }
+}
+
 struct Shared<L> {
     config: Config,
     launcher: L,
@@ -652,11 +664,7 @@ impl<L: Launcher> Shared<L> {
                 let Some(entry) = live.get(id) else { continue };
                 let verdict = verdict_of(answer.data.iter().find(|c| c.id == *id), *claim);
                 ended_idle |= verdict == Verdict::Kept;
-                entry.verdict.send_if_modified(|v| {
-                    let changed = *v != verdict;
-                    *v = verdict;
-                    changed
-                });
+                entry.tell(verdict);
             }
         }
         if !ended_idle {
@@ -1297,11 +1305,7 @@ impl<L: Launcher> Shared<L> {
                 for id in chunk {
                     let Some(entry) = live.get(id) else { continue };
                     let verdict = verdict_of(states.get(id.as_str()).copied(), entry.claim);
-                    entry.verdict.send_if_modified(|v| {
-                        let changed = *v != verdict;
-                        *v = verdict;
-                        changed
-                    });
+                    entry.tell(verdict);
                 }
             }
         }

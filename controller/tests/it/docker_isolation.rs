@@ -5,13 +5,13 @@
 //! host's disk.
 
 use crate::engine::{self, TEST_WORKSPACE_BYTES};
-use crate::support::{config, end_activation, turn, two_bash_turns, Running};
+use crate::support::{config, end_activation, last_output, turn, two_bash_turns, Running};
 use mango_controller::core::config::Config;
 use mango_controller::core::launcher::Launcher;
 use mango_controller::core::supervisor::RunEnd;
 use mango_controller::docker::{session_volume, DockerLauncher};
 use mango_testkit::{ScriptedModel, TestApp};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
@@ -20,17 +20,6 @@ fn docker_config(api: &TestApp, pool: &str) -> Config {
     config.sandbox_base_url = engine::sandbox_base(api);
     config.pool = pool.to_string();
     config
-}
-
-/// The text of the last tool result.
-fn last_output(events: &[Value]) -> String {
-    events
-        .iter()
-        .rev()
-        .find(|e| e["type"] == "user.tool_result")
-        .and_then(|r| r["content"][0]["text"].as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// Each probe prints `NAME=refused` or `NAME=<what it got>`.

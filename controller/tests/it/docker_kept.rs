@@ -278,13 +278,7 @@ async fn docker_kept_follow_up_turn_runs_in_the_same_container_as_a_fresh_one(db
         Duration::from_secs(60),
     )
     .await;
-    let output = events
-        .iter()
-        .rev()
-        .find(|e| e["type"] == "user.tool_result")
-        .and_then(|r| r["content"][0]["text"].as_str())
-        .unwrap_or_default()
-        .to_string();
+    let output = crate::support::last_output(&events);
     let serving = engine.containers(&pool).await;
     assert_eq!(serving.len(), 1, "{serving:?}");
     assert_eq!(

@@ -217,3 +217,14 @@ pub async fn until(what: &str, within: Duration, mut done: impl AsyncFnMut() -> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The text of the Session's last tool result.
+pub fn last_output(events: &[Value]) -> String {
+    events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "user.tool_result")
+        .and_then(|r| r["content"][0]["text"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
