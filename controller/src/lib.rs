@@ -9,3 +9,4 @@ pub mod docker;
 pub mod egress;
 pub mod kubernetes;
 pub mod local;
+pub mod worker_id;

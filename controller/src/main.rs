@@ -96,8 +96,9 @@ struct Common {
     #[arg(long, env = "MANGO_WARM", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
     warm: u32,
     /// This supervisor's `Anthropic-Worker-ID`, and the owner of its warm
-    /// sandboxes: give each supervisor its own, stable across restarts, so
-    /// a restarted one adopts its warm sandboxes (default: host and pid).
+    /// sandboxes, which only the same id adopts after a restart. One live
+    /// process per id on a host (default:
+    /// mango-worker-<host>-<environment id>-<pool>).
     #[arg(long, env = "MANGO_WORKER_ID")]
     worker_id: Option<String>,
     /// With --drain: how long running items get before their sandboxes are removed.
@@ -120,9 +121,9 @@ impl Common {
         config.shutdown_grace = Duration::from_secs(self.shutdown_grace_seconds);
         config.warm = self.warm as usize;
         config.workspace_sweep_every = Duration::from_secs(self.workspace_sweep_seconds);
-        if let Some(worker_id) = &self.worker_id {
-            config.worker_id = worker_id.clone();
-        }
+        config.worker_id = self.worker_id.clone().unwrap_or_else(|| {
+            mango_controller::worker_id::default_for(&self.environment_id, &self.pool)
+        });
         config
     }
 }
@@ -263,6 +264,18 @@ async fn supervise<L: Launcher>(
     launcher: L,
     egress: Option<Arc<EgressMetrics>>,
 ) -> ExitCode {
+    let id = config.worker_id.clone();
+    let held = tokio::task::spawn_blocking(move || {
+        use mango_controller::worker_id::{hold, lock_dir, TAKEOVER_WAIT};
+        hold(&id, &lock_dir(), TAKEOVER_WAIT)
+    });
+    let _worker_id = match held.await.expect("the worker id lock does not panic") {
+        Ok(held) => held,
+        Err(err) => {
+            eprintln!("mango-worker: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let key = Secret::new(common.environment_key);
     let kind = launcher.kind();
     let pool = config.pool.clone();

@@ -4,6 +4,7 @@
 //! die, removed when the pool goes to 0.
 
 use crate::engine::{self, assert_no_secret, Engine};
+use crate::process::Worker;
 use crate::support::{config, end_activation, healthcheck, turn, two_bash_turns, until, Running};
 use bollard::models::ContainerSummary;
 use bollard::query_parameters::{
@@ -589,4 +590,79 @@ async fn docker_warm_image_change_recycles_the_pool(db: sqlx::PgPool) {
             .remove_image(&image, None::<RemoveImageOptions>, None)
             .await;
     }
+}
+
+/// `mango-worker docker --warm 2` as an operator runs it, with no
+/// `--worker-id`: the environment the supervisor gets in production.
+fn warm_worker(engine: &Engine, api: &TestApp, pool: &str, log: &std::path::Path) -> Worker {
+    let mut env = crate::process::common_env(api, &api.env_key);
+    env.extend([
+        ("MANGO_DOCKER_BASE_URL", engine::sandbox_base(api)),
+        ("MANGO_DOCKER_IMAGE", engine.image.clone()),
+        ("MANGO_POOL", pool.to_string()),
+        ("MANGO_DOCKER_NETWORK", engine::TEST_NETWORK.to_string()),
+        (
+            "MANGO_DOCKER_WORKSPACE_ROOT",
+            engine::workspace_root().to_string_lossy().into_owned(),
+        ),
+        (
+            "MANGO_WORKSPACE_SIZE",
+            engine::TEST_WORKSPACE_BYTES.to_string(),
+        ),
+        ("MANGO_WARM", "2".to_string()),
+        // The lock directory of this test alone, as a host's runtime dir.
+        (
+            "XDG_RUNTIME_DIR",
+            log.parent().unwrap().to_string_lossy().into_owned(),
+        ),
+    ]);
+    Worker::start(&["docker"], &env, log)
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn docker_warm_restart_with_the_default_worker_id_adopts_and_a_second_live_one_is_refused(
+    db: sqlx::PgPool,
+) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let pool = engine::pool("warmdefaultid");
+    let api = engine.api(db, Default::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = warm_worker(&engine, &api, &pool, &dir.path().join("first.log"));
+    let warm = until_warm(&engine, &pool, 2).await;
+
+    // A restart (SIGTERM, then the same command): the warm containers are
+    // the restarted supervisor's own, so it adopts them and makes none.
+    first.terminate();
+    assert!(first.exit(Duration::from_secs(15)).await.success());
+    let second = warm_worker(&engine, &api, &pool, &dir.path().join("second.log"));
+    second
+        .until_logged("supervisor polling", Duration::from_secs(30))
+        .await;
+    // Past a few warm checks of the restarted one: nothing new was made.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = until_warm(&engine, &pool, 2).await;
+    assert_eq!(
+        after,
+        warm,
+        "the restarted supervisor adopted its warm containers: {}",
+        second.log()
+    );
+
+    // A second live supervisor of the same id would bind the same warm
+    // containers: it waits for the first to exit, then is refused.
+    let mut third = warm_worker(&engine, &api, &pool, &dir.path().join("third.log"));
+    let status = third.exit(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(2), "{}", third.log());
+    let refusal = third.log();
+    assert!(
+        refusal.contains("another mango-worker with worker id")
+            && refusal.contains(&format!("(pid {})", second.child.id().unwrap())),
+        "{refusal}"
+    );
+    assert_eq!(until_warm(&engine, &pool, 2).await, warm);
+
+    drop(second);
+    clean(&engine, &pool, &[]).await;
 }

@@ -1,0 +1,188 @@
+//! The worker id a `mango-worker docker` or `local` process runs as.
+//!
+//! The id owns the warm sandboxes the process makes (`mango.dev/warm-owner`):
+//! only a supervisor of the same id adopts them after a restart. So the
+//! default must be the same at every start of the same supervisor, and two
+//! live processes must never share one, or both would bind the same warm
+//! sandbox. The default is made of what names a supervisor (this host, its
+//! Environment, its pool), and a lock held for the process's life refuses a
+//! second live process of the same id on this host.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// `mango-worker-<host>-<environment id>-<pool>`: the same at every start of
+/// the supervisor of one pool of one Environment on this host.
+pub fn default_for(environment_id: &str, pool: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!("mango-worker-{host}-{environment_id}-{pool}")
+}
+
+/// How long a start waits for a previous process of its id to exit: a
+/// restart that starts the new process before the old one has detached.
+pub const TAKEOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Holds a worker id on this host for as long as it lives; the kernel
+/// releases it when the process ends, however it ends.
+#[derive(Debug)]
+pub struct Held {
+    _lock: File,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error(
+        "another mango-worker with worker id {id:?} is running on this host{holder}; \
+         give each supervisor its own --worker-id (MANGO_WORKER_ID), or stop that one first"
+    )]
+    InUse { id: String, holder: String },
+    #[error("cannot lock the worker id {id:?} at {path}: {error}")]
+    Unlockable {
+        id: String,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// Where the locks live: `$XDG_RUNTIME_DIR/mango-worker`, else the temporary
+/// directory's.
+pub fn lock_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(std::env::temp_dir)
+        .join("mango-worker")
+}
+
+/// Takes `id` in `dir`, waiting up to `wait` for a process that holds it to
+/// exit.
+pub fn hold(id: &str, dir: &Path, wait: Duration) -> Result<Held, HoldError> {
+    let path = dir.join(format!("{}.lock", file_name(id)));
+    let unlockable = |error| HoldError::Unlockable {
+        id: id.to_string(),
+        path: path.clone(),
+        error,
+    };
+    std::fs::create_dir_all(dir).map_err(unlockable)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(unlockable)?;
+    let deadline = Instant::now() + wait;
+    let mut told = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                if !std::mem::replace(&mut told, true) {
+                    tracing::info!(
+                        worker_id = id,
+                        ?wait,
+                        "another process holds this worker id; waiting for it to exit"
+                    );
+                }
+                // Polled within `wait`: the holder detaches within seconds.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|pid| pid.trim().parse::<u32>().ok())
+                    .map(|pid| format!(" (pid {pid})"))
+                    .unwrap_or_default();
+                return Err(HoldError::InUse {
+                    id: id.to_string(),
+                    holder,
+                });
+            }
+            Err(TryLockError::Error(error)) => return Err(unlockable(error)),
+        }
+    }
+    // Only the holder writes: who holds it, for the next one's error.
+    let _ = file.set_len(0);
+    let _ = std::io::Write::write_all(&mut &file, std::process::id().to_string().as_bytes());
+    Ok(Held { _lock: file, path })
+}
+
+/// `id` as one file name: anything but `[A-Za-z0-9._-]` becomes `_`, and a
+/// digest keeps two ids that map to the same name apart.
+fn file_name(id: &str) -> String {
+    let plain: String = id
+        .chars()
+        .take(100)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let digest = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{plain}-{digest:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_the_same_at_every_start_and_names_the_environment_and_pool() {
+        let id = default_for("env_abc", "builders");
+        assert_eq!(id, default_for("env_abc", "builders"));
+        assert!(id.ends_with("-env_abc-builders"), "{id}");
+        assert_ne!(id, default_for("env_abc", "other"));
+        assert_ne!(id, default_for("env_other", "builders"));
+    }
+
+    #[test]
+    fn a_second_holder_of_one_id_is_refused_naming_the_first_and_takes_it_once_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = hold("mango-worker-h-env-default", dir.path(), Duration::ZERO).unwrap();
+        let err = hold(
+            "mango-worker-h-env-default",
+            dir.path(),
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("(pid {})", std::process::id())),
+            "{text}"
+        );
+        assert!(text.contains("--worker-id"), "{text}");
+        let other = hold("mango-worker-h-env-other", dir.path(), Duration::ZERO);
+        assert!(other.is_ok(), "another id is free: {other:?}");
+        drop(first);
+        hold("mango-worker-h-env-default", dir.path(), Duration::ZERO)
+            .expect("free once its holder is gone");
+    }
+
+    #[test]
+    fn a_start_waits_for_the_previous_holder_to_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = hold("w", dir.path(), Duration::ZERO).unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(first);
+        });
+        hold("w", dir.path(), Duration::from_secs(5)).expect("taken once the first lets go");
+        release.join().unwrap();
+    }
+
+    #[test]
+    fn ids_that_differ_only_in_unsafe_characters_get_their_own_files() {
+        assert_ne!(file_name("a/b"), file_name("a_b"));
+        assert_eq!(file_name("a/b"), file_name("a/b"));
+        assert!(!file_name("../../etc/passwd").contains('/'));
+    }
+}
