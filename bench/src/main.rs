@@ -197,7 +197,12 @@ struct Cli {
     /// The fault suite's name: its pools `<name>-docker` and `<name>-local`,
     /// its network `mango-<name>`, its cluster `.mango/<name>-pg` (two runs
     /// on one Docker engine need two names).
-    #[arg(long, env = "MANGO_FAULTS_NAME", default_value = "faults", global = true)]
+    #[arg(
+        long,
+        env = "MANGO_FAULTS_NAME",
+        default_value = "faults",
+        global = true
+    )]
     faults_name: String,
     /// How long the soak runs (minutes, 3 to 1440).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=1440), global = true)]
@@ -592,7 +597,11 @@ async fn run_faults(cli: &Cli, command: Command) -> std::process::ExitCode {
             (summary, line)
         })
     };
-    let label = if command == Command::Soak { "soak" } else { "faults" };
+    let label = if command == Command::Soak {
+        "soak"
+    } else {
+        "faults"
+    };
     match outcome {
         Ok((summary, line)) => {
             for failure in &summary.failures {

@@ -109,11 +109,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Summary> {
 /// The run's system, in a scratch folder of its own.
 async fn start_system(opts: &Options) -> anyhow::Result<(Arc<system::System>, PathBuf)> {
     system::use_names(&opts.name)?;
-    let scratch = crate::harness::scratch_root().join(format!(
-        "mango-{}-{}",
-        opts.name,
-        std::process::id()
-    ));
+    let scratch =
+        crate::harness::scratch_root().join(format!("mango-{}-{}", opts.name, std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let settings = system::Settings {
         bin_dir: opts.bin_dir.clone(),

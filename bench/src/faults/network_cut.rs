@@ -88,7 +88,8 @@ async fn until_docker_call(system: &System) -> anyhow::Result<(String, i64, Stri
     loop {
         scenarios::until_calls_run(system).await?;
         for live in sandboxes::live(&system.docker, &system.local_root()).await {
-            let Some(container) = live.container.filter(|_| live.pool == names().docker_pool) else {
+            let Some(container) = live.container.filter(|_| live.pool == names().docker_pool)
+            else {
                 continue;
             };
             // Its runner heartbeats (a sandbox slow to start may lose its

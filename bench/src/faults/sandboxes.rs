@@ -235,7 +235,10 @@ pub async fn remove_all(docker: &Docker, scratch: &Path) {
         .map(|v| v.volumes.unwrap_or_default())
         .unwrap_or_default();
     for v in volumes {
-        let ours = v.labels.get(LABEL_POOL).is_some_and(|p| *p == names().docker_pool)
+        let ours = v
+            .labels
+            .get(LABEL_POOL)
+            .is_some_and(|p| *p == names().docker_pool)
             || v.mountpoint.starts_with(&*scratch.to_string_lossy())
             || v.options
                 .values()

@@ -12,7 +12,7 @@ use super::invariants::Promises;
 use super::scenarios::{self, Name, Outcome};
 use super::soak_judge::{self, Judgment, Sample, Window};
 use super::soak_sample;
-use super::system::System;
+use super::system::{Launcher, System};
 use super::{sandboxes, Options, Summary};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -77,12 +77,7 @@ pub async fn run(opts: Options, soak: Soak) -> anyhow::Result<Report> {
         ..Summary::default()
     });
     let series = std::mem::take(&mut *series.lock().unwrap());
-    let windows = soak_judge::windows(
-        &series.samples,
-        &series.cycles,
-        &series.faults,
-        WINDOW_SECS,
-    );
+    let windows = soak_judge::windows(&series.samples, &series.cycles, &series.faults, WINDOW_SECS);
     println!("soak: the windows");
     print_header();
     for w in &windows {
@@ -132,6 +127,8 @@ async fn rounds(
     series: &Mutex<Series>,
     gate: &tokio::sync::Mutex<()>,
 ) -> anyhow::Result<Summary> {
+    system.start_worker(Launcher::Docker).await?;
+    system.start_worker(Launcher::Local).await?;
     let total = Duration::from_secs(soak.minutes * 60);
     let every = Duration::from_secs(soak.fault_minutes * 60);
     // The first window is warm-up: no fault in it.
@@ -253,11 +250,10 @@ async fn probe_loop(
             let at = started.elapsed().as_secs_f64();
             match soak_sample::lease_cycle(&system).await {
                 Ok(ms) => series.lock().unwrap().cycles.push((at, ms)),
-                Err(err) => series
-                    .lock()
-                    .unwrap()
-                    .cycle_failures
-                    .push(format!("at {}: {err:#}", clock(Duration::from_secs_f64(at)))),
+                Err(err) => series.lock().unwrap().cycle_failures.push(format!(
+                    "at {}: {err:#}",
+                    clock(Duration::from_secs_f64(at))
+                )),
             }
         }
         // Pacing of the steady lease load (and a fault round's turn at the gate).
@@ -269,7 +265,13 @@ fn clock(at: Duration) -> String {
     format!("{:02}:{:02}", at.as_secs() / 60, at.as_secs() % 60)
 }
 
-const PROCESSES: [&str; 5] = ["api-a", "api-b", "worker-docker", "worker-local", "postgres"];
+const PROCESSES: [&str; 5] = [
+    "api-a",
+    "api-b",
+    "worker-docker",
+    "worker-local",
+    "postgres",
+];
 
 fn print_header() {
     println!(
@@ -310,7 +312,11 @@ fn row(w: &Window) -> String {
 }
 
 fn judgment_line(j: &Judgment) -> String {
-    let verdict = if j.failure().is_none() { "holds" } else { "FAILS" };
+    let verdict = if j.failure().is_none() {
+        "holds"
+    } else {
+        "FAILS"
+    };
     match &j.worst {
         Some((g, name)) => format!(
             "soak: {} {verdict}: worst {name} {g:.2}x late over early (at most {}x)",

@@ -250,10 +250,15 @@ mod tests {
 
     #[test]
     fn windows_without_a_figure_are_skipped_and_too_few_cannot_be_judged() {
-        assert_eq!(growth(&[Some(1.0), None, Some(4.0), None, Some(8.0)]), Some(2.0));
+        assert_eq!(
+            growth(&[Some(1.0), None, Some(4.0), None, Some(8.0)]),
+            Some(2.0)
+        );
         assert_eq!(growth(&[Some(1.0), Some(4.0), None]), None);
         let j = Judgment::of("bloat", vec![("work".into(), None)], BLOAT_FACTOR);
-        assert!(j.failure().is_some_and(|f| f.contains("could not be judged")));
+        assert!(j
+            .failure()
+            .is_some_and(|f| f.contains("could not be judged")));
     }
 
     #[test]
@@ -308,10 +313,13 @@ mod tests {
             s.rss_kib.insert("api-a".into(), 50_000 + 20_000 * i as u64);
         }
         for (i, c) in cycles.iter_mut().enumerate() {
-            c.1 = 20.0 * (1.0 + i as f64 / 4.0);
+            c.1 = 20.0 * (1.0 + (i * i) as f64 / 16.0);
         }
         let [rss, bloat, p99] = judge(&windows(&samples, &cycles, &faults, 60.0));
-        assert!(rss.failure().is_some_and(|f| f.contains("api-a")), "{rss:?}");
+        assert!(
+            rss.failure().is_some_and(|f| f.contains("api-a")),
+            "{rss:?}"
+        );
         assert_eq!(bloat.failure(), None);
         assert!(p99.failure().is_some(), "{p99:?}");
     }
@@ -322,6 +330,9 @@ mod tests {
             .map(|i| sample(i as f64 * 10.0, 1, 8192 * (1 + i * i), 10))
             .collect();
         let [_, bloat, _] = judge(&windows(&samples, &[], &[], 60.0));
-        assert!(bloat.failure().is_some_and(|f| f.contains("work")), "{bloat:?}");
+        assert!(
+            bloat.failure().is_some_and(|f| f.contains("work")),
+            "{bloat:?}"
+        );
     }
 }

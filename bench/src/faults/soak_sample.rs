@@ -34,20 +34,15 @@ pub fn parent_pid(stat: &str) -> Option<i32> {
 }
 
 /// PostgreSQL's memory from its processes' `/proc/<pid>/status`: each one's
-/// private memory (anonymous and file-backed) summed, and the shared memory
-/// (shared buffers) once, as the most any one process has touched: every
-/// backend's VmRSS counts the same shared pages again.
+/// anonymous memory summed, and the pages they share (the shared buffers,
+/// `RssShmem`; the executable and libraries, `RssFile`) once each, as the
+/// most any one process has touched: every backend's VmRSS counts the same
+/// shared pages again.
 pub fn postgres_kib(statuses: &[String]) -> u64 {
-    let private: u64 = statuses
-        .iter()
-        .map(|s| status_kib(s, "RssAnon").unwrap_or(0) + status_kib(s, "RssFile").unwrap_or(0))
-        .sum();
-    let shared = statuses
-        .iter()
-        .filter_map(|s| status_kib(s, "RssShmem"))
-        .max()
-        .unwrap_or(0);
-    private + shared
+    let field = |f: &'static str| statuses.iter().map(move |s| status_kib(s, f).unwrap_or(0));
+    field("RssAnon").sum::<u64>()
+        + field("RssFile").max().unwrap_or(0)
+        + field("RssShmem").max().unwrap_or(0)
 }
 
 fn status_of(pid: i32) -> Option<String> {
@@ -63,7 +58,11 @@ async fn postgres_statuses(system: &System) -> Option<Vec<String>> {
     let postmaster = parent_pid(&std::fs::read_to_string(format!("/proc/{backend}/stat")).ok()?)?;
     let mut out = vec![status_of(postmaster)?];
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -172,14 +171,17 @@ mod tests {
 
     #[test]
     fn the_parent_is_read_after_a_command_with_spaces_and_parentheses() {
-        assert_eq!(parent_pid("4242 (postgres: a (b) c) S 17 4242 4242 0"), Some(17));
+        assert_eq!(
+            parent_pid("4242 (postgres: a (b) c) S 17 4242 4242 0"),
+            Some(17)
+        );
         assert_eq!(parent_pid("garbage"), None);
     }
 
     #[test]
     fn postgres_counts_its_shared_buffers_once() {
-        let other = STATUS.replace("14680", "9000");
-        // 2 × (4000 + 6000) private, and the larger shared 14680 once.
-        assert_eq!(postgres_kib(&[STATUS.to_string(), other]), 34680);
+        let other = STATUS.replace("14680", "9000").replace("6000", "7000");
+        // 2 × 4000 anonymous, the larger file-backed 7000 and shared 14680 once.
+        assert_eq!(postgres_kib(&[STATUS.to_string(), other]), 29680);
     }
 }

@@ -639,7 +639,11 @@ mod tests {
     fn a_name_gives_every_name_of_the_run_and_a_bad_one_is_refused() {
         let n = Names::of("soak").unwrap();
         assert_eq!(
-            (n.docker_pool.as_str(), n.local_pool.as_str(), n.network.as_str()),
+            (
+                n.docker_pool.as_str(),
+                n.local_pool.as_str(),
+                n.network.as_str()
+            ),
             ("soak-docker", "soak-local", "mango-soak")
         );
         assert!(Names::of(&"a".repeat(20)).is_ok());
