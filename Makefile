@@ -1,5 +1,5 @@
 # The two entry points. See README.md.
-.PHONY: run test bench bench-inputs bench-supervisor bench-controller bench-ttfi faults
+.PHONY: run test bench bench-inputs bench-supervisor bench-controller bench-ttfi faults soak
 
 # Serve the API on the embedded default database, with an Environment, keys and a healthcheck.
 run:
@@ -51,6 +51,18 @@ faults:
 		--bin mango --bin mango-worker --bin mango-runner --bin mango-bench
 	@MANGO_SANDBOX_IMAGE=mango-sandbox:faults scripts/sandbox-image.sh >/dev/null
 	@MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:faults target/debug/mango-bench faults
+
+# The soak (debug build, 30 minutes, needs Docker; opt-in: neither make test
+# nor CI runs it): the fault suite's system under steady load, a fault every
+# 3 minutes, resident sets, table bloat and lease-cycle p99 per minute,
+# judged flat (docs/reliability.md). Its own PostgreSQL cluster
+# (.mango/soak-pg, port MANGO_SOAK_PG_PORT, 54349). MANGO_SOAK_ARGS passes
+# flags (--soak-minutes N, --soak-fault-minutes N, --faults-scenarios …).
+soak:
+	@cargo build -q -p mango-api -p mango-controller -p mango-runner -p mango-bench \
+		--bin mango --bin mango-worker --bin mango-runner --bin mango-bench
+	@MANGO_SANDBOX_IMAGE=mango-sandbox:soak scripts/sandbox-image.sh >/dev/null
+	@MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:soak target/debug/mango-bench soak $${MANGO_SOAK_ARGS:-}
 
 # Time to first tool call, end to end (release build): Docker cold and warm,
 # local, the Python SDK's worker per item (.venv), a burst of 20 new

@@ -194,6 +194,33 @@ struct Cli {
         global = true
     )]
     faults_pg_port: u16,
+    /// The fault suite's name: its pools `<name>-docker` and `<name>-local`,
+    /// its network `mango-<name>`, its cluster `.mango/<name>-pg` (two runs
+    /// on one Docker engine need two names).
+    #[arg(
+        long,
+        env = "MANGO_FAULTS_NAME",
+        default_value = "faults",
+        global = true
+    )]
+    faults_name: String,
+    /// How long the soak runs (minutes, 3 to 1440).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=1440), global = true)]
+    soak_minutes: u64,
+    /// Minutes from one fault of the soak to the next (1 to 60).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60), global = true)]
+    soak_fault_minutes: u64,
+    /// The soak's name, as --faults-name is the fault suite's.
+    #[arg(long, env = "MANGO_SOAK_NAME", default_value = "soak", global = true)]
+    soak_name: String,
+    /// The port of the soak's own PostgreSQL cluster (`.mango/<soak name>-pg`).
+    #[arg(
+        long,
+        env = "MANGO_SOAK_PG_PORT",
+        default_value_t = 54349,
+        global = true
+    )]
+    soak_pg_port: u16,
     /// The lease TTL the fault suite's api processes give (seconds, 5 to 300).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=300), global = true)]
     faults_ttl_seconds: u64,
@@ -255,6 +282,10 @@ enum Command {
     /// --sandbox-image and the debug or release `mango`, `mango-worker`
     /// and `mango-runner` beside this binary). Not part of `all`.
     Faults,
+    /// The soak (`make soak`, 30 minutes): the fault suite's system under
+    /// steady load with a fault every few minutes; resident sets, table
+    /// bloat and lease-cycle p99 over time, judged flat. Not part of `all`.
+    Soak,
     /// Time to first tool call end to end: Docker cold, warm, local and
     /// the Python SDK's worker per item, a burst on a warm pool, and the
     /// supervisor's RSS with it (needs target/release/mango-runner and
@@ -518,9 +549,10 @@ fn check(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The fault suite: its own cluster and processes, not the bench's
-/// in-process api; the last line, and a failure for each broken invariant.
-async fn run_faults(cli: &Cli) -> std::process::ExitCode {
+/// The fault suite or the soak: its own cluster and processes, not the
+/// bench's in-process api; the last line, and a failure for each broken
+/// invariant or judgment.
+async fn run_faults(cli: &Cli, command: Command) -> std::process::ExitCode {
     let bin_dir = match std::env::current_exe() {
         Ok(exe) => exe
             .parent()
@@ -532,6 +564,7 @@ async fn run_faults(cli: &Cli) -> std::process::ExitCode {
         }
     };
     let opts = faults::Options {
+        name: cli.faults_name.clone(),
         repo: std::env::current_dir().unwrap_or_default(),
         bin_dir,
         image: cli.sandbox_image.clone(),
@@ -545,13 +578,37 @@ async fn run_faults(cli: &Cli) -> std::process::ExitCode {
     };
     let repo = opts.repo.clone();
     let started = std::time::Instant::now();
-    match faults::run(opts).await {
-        Ok(summary) => {
+    let outcome = if command == Command::Soak {
+        let soak = faults::soak::Soak {
+            minutes: cli.soak_minutes,
+            fault_minutes: cli.soak_fault_minutes,
+        };
+        let opts = faults::Options {
+            name: cli.soak_name.clone(),
+            pg_port: cli.soak_pg_port,
+            ..opts
+        };
+        faults::soak::run(opts, soak)
+            .await
+            .map(|report| (report.summary, report.line))
+    } else {
+        faults::run(opts).await.map(|summary| {
+            let line = summary.line(&repo);
+            (summary, line)
+        })
+    };
+    let label = if command == Command::Soak {
+        "soak"
+    } else {
+        "faults"
+    };
+    match outcome {
+        Ok((summary, line)) => {
             for failure in &summary.failures {
-                eprintln!("faults: FAILED {failure}");
+                eprintln!("{label}: FAILED {failure}");
             }
-            println!("faults: {:.0} s", started.elapsed().as_secs_f64());
-            println!("{}", summary.line(&repo));
+            println!("{label}: {:.0} s", started.elapsed().as_secs_f64());
+            println!("{line}");
             if summary.failures.is_empty() {
                 std::process::ExitCode::SUCCESS
             } else {
@@ -580,8 +637,8 @@ async fn main() -> std::process::ExitCode {
         eprintln!("error: {err:#}");
         return std::process::ExitCode::FAILURE;
     }
-    if command == Command::Faults {
-        return run_faults(&cli).await;
+    if matches!(command, Command::Faults | Command::Soak) {
+        return run_faults(&cli, command).await;
     }
     if command == Command::Controller {
         let opts = controller::Options {

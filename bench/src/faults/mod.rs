@@ -18,6 +18,9 @@ mod probe;
 mod procs;
 mod sandboxes;
 mod scenarios;
+pub mod soak;
+mod soak_judge;
+mod soak_sample;
 mod stop_races;
 mod system;
 mod watch;
@@ -28,6 +31,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub struct Options {
+    /// The run's name: its pools, network and cluster (`system::Names`).
+    pub name: String,
     /// Where `mango`, `mango-worker` and `mango-runner` are.
     pub bin_dir: PathBuf,
     /// The checkout (for `scripts/pg.sh`, and `fuzz/fuzz_targets`).
@@ -86,19 +91,7 @@ fn fuzz_targets(repo: &std::path::Path) -> usize {
 }
 
 pub async fn run(opts: Options) -> anyhow::Result<Summary> {
-    let scratch =
-        crate::harness::scratch_root().join(format!("mango-faults-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
-    let settings = system::Settings {
-        bin_dir: opts.bin_dir.clone(),
-        repo: opts.repo.clone(),
-        scratch: scratch.clone(),
-        pg_port: opts.pg_port,
-        image: opts.image.clone(),
-        ttl_seconds: opts.ttl_seconds,
-        concurrency: 4,
-    };
-    let system = Arc::new(system::System::start(settings).await?);
+    let (system, scratch) = start_system(&opts).await?;
     let followers = sandboxes::follow_container_logs(system.docker.clone(), system.logs.clone());
     let outcome = run_scenarios(&system, &opts.scenarios).await;
     followers.abort();
@@ -109,21 +102,45 @@ pub async fn run(opts: Options) -> anyhow::Result<Summary> {
             ..Summary::default()
         },
     };
+    finish(&system, &scratch, &mut summary).await;
+    Ok(summary)
+}
+
+/// The run's system, in a scratch folder of its own.
+async fn start_system(opts: &Options) -> anyhow::Result<(Arc<system::System>, PathBuf)> {
+    system::use_names(&opts.name)?;
+    let scratch =
+        crate::harness::scratch_root().join(format!("mango-{}-{}", opts.name, std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let settings = system::Settings {
+        bin_dir: opts.bin_dir.clone(),
+        repo: opts.repo.clone(),
+        scratch: scratch.clone(),
+        pg_port: opts.pg_port,
+        image: opts.image.clone(),
+        ttl_seconds: opts.ttl_seconds,
+        concurrency: 4,
+    };
+    Ok((Arc::new(system::System::start(settings).await?), scratch))
+}
+
+/// The secret check over every log, then the teardown; the run's logs
+/// stay for a failed run, to be read.
+async fn finish(system: &system::System, scratch: &std::path::Path, summary: &mut Summary) {
     let mut logs = invariants::Verdict::default();
-    invariants::check_logs(&system, &mut logs);
+    invariants::check_logs(system, &mut logs);
     summary.secret_lines = logs.secret_lines;
     summary.failures.extend(logs.failures);
     system.teardown().await;
-    // The run's logs stay for a failed run, to be read.
     if summary.failures.is_empty() {
-        let _ = std::fs::remove_dir_all(&scratch);
+        let _ = std::fs::remove_dir_all(scratch);
     } else {
         eprintln!(
-            "faults: the run's logs are in {}",
+            "{}: the run's logs are in {}",
+            system::names().suite,
             scratch.join("logs").display()
         );
     }
-    Ok(summary)
 }
 
 async fn run_scenarios(system: &Arc<system::System>, names: &[Name]) -> anyhow::Result<Summary> {

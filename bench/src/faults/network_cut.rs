@@ -8,7 +8,7 @@
 use super::invariants::Promises;
 use super::sandboxes;
 use super::scenarios::{self, Outcome};
-use super::system::{System, DOCKER_POOL, NETWORK};
+use super::system::{names, System};
 use super::watch::RECLAIM_DELAY;
 use anyhow::Context;
 use bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
@@ -34,7 +34,7 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
             });
             s.docker
                 .disconnect_network(
-                    NETWORK,
+                    &names().network,
                     NetworkDisconnectRequest {
                         container: Some(container.clone()),
                         force: Some(true),
@@ -48,7 +48,7 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
             let healed = s
                 .docker
                 .connect_network(
-                    NETWORK,
+                    &names().network,
                     NetworkConnectRequest {
                         container: Some(container),
                         ..Default::default()
@@ -88,7 +88,8 @@ async fn until_docker_call(system: &System) -> anyhow::Result<(String, i64, Stri
     loop {
         scenarios::until_calls_run(system).await?;
         for live in sandboxes::live(&system.docker, &system.local_root()).await {
-            let Some(container) = live.container.filter(|_| live.pool == DOCKER_POOL) else {
+            let Some(container) = live.container.filter(|_| live.pool == names().docker_pool)
+            else {
                 continue;
             };
             // Its runner heartbeats (a sandbox slow to start may lose its

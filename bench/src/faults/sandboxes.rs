@@ -3,7 +3,7 @@
 //! output followed into the run's logs from the moment it appears (a
 //! container is gone with its logs once its supervisor removes it).
 
-use super::system::{DOCKER_POOL, LOCAL_POOL, WORKSPACE_BYTES};
+use super::system::{names, WORKSPACE_BYTES};
 use bollard::query_parameters::{
     ListContainersOptions, ListVolumesOptions, LogsOptions, RemoveContainerOptions,
     RemoveVolumeOptions,
@@ -35,7 +35,7 @@ async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::Containe
             all,
             filters: Some(HashMap::from([(
                 "label".to_string(),
-                vec![format!("{LABEL_POOL}={DOCKER_POOL}")],
+                vec![format!("{LABEL_POOL}={}", names().docker_pool)],
             )])),
             ..Default::default()
         }))
@@ -50,7 +50,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
         let labels = c.labels.unwrap_or_default();
         if let (Some(work), Some(claim)) = (labels.get(LABEL_WORK_ID), labels.get(LABEL_CLAIM)) {
             out.push(Live {
-                pool: DOCKER_POOL,
+                pool: names().docker_pool.as_str(),
                 work_id: work.clone(),
                 claim: claim.parse().unwrap_or(-1),
                 container: c.id.clone(),
@@ -64,7 +64,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
             pid > 0 && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
         if let (true, Some(work)) = (lives, labels[LABEL_WORK_ID].as_str()) {
             out.push(Live {
-                pool: LOCAL_POOL,
+                pool: names().local_pool.as_str(),
                 work_id: work.to_string(),
                 claim: labels[LABEL_CLAIM]
                     .as_str()
@@ -235,7 +235,10 @@ pub async fn remove_all(docker: &Docker, scratch: &Path) {
         .map(|v| v.volumes.unwrap_or_default())
         .unwrap_or_default();
     for v in volumes {
-        let ours = v.labels.get(LABEL_POOL).is_some_and(|p| p == DOCKER_POOL)
+        let ours = v
+            .labels
+            .get(LABEL_POOL)
+            .is_some_and(|p| *p == names().docker_pool)
             || v.mountpoint.starts_with(&*scratch.to_string_lossy())
             || v.options
                 .values()

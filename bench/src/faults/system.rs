@@ -12,14 +12,59 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// The Docker pool and network of the suite's sandboxes: its own, so it
-/// never meets another supervisor's.
-pub const DOCKER_POOL: &str = "faults-docker";
-pub const LOCAL_POOL: &str = "faults-local";
-pub const NETWORK: &str = "mango-faults";
+/// The run's pools, network and PostgreSQL state, all from one name
+/// (`faults`, or `soak`): its own, so that it never meets another
+/// supervisor's sandboxes, and two runs of different names on one engine
+/// never see (nor remove) each other's.
+pub struct Names {
+    pub suite: String,
+    pub docker_pool: String,
+    pub local_pool: String,
+    pub network: String,
+}
+
+static NAMES: OnceLock<Names> = OnceLock::new();
+
+impl Names {
+    /// `<name>-docker`, `<name>-local`, `mango-<name>`, `.mango/<name>-pg`.
+    pub fn of(name: &str) -> anyhow::Result<Names> {
+        let valid = (1..=20).contains(&name.len())
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        anyhow::ensure!(
+            valid,
+            "the run's name {name:?} must be 1 to 20 lowercase letters, digits or '-', starting with a letter"
+        );
+        Ok(Names {
+            suite: name.to_string(),
+            docker_pool: format!("{name}-docker"),
+            local_pool: format!("{name}-local"),
+            network: format!("mango-{name}"),
+        })
+    }
+}
+
+/// Fixes the run's names, once per process and before its system starts.
+pub fn use_names(name: &str) -> anyhow::Result<()> {
+    let wanted = Names::of(name)?;
+    let fixed = NAMES.get_or_init(|| wanted);
+    anyhow::ensure!(
+        fixed.suite == name,
+        "this process already runs as {:?}, not {name:?}",
+        fixed.suite
+    );
+    Ok(())
+}
+
+/// The run's names (`faults` unless [`use_names`] fixed others).
+pub fn names() -> &'static Names {
+    NAMES.get_or_init(|| Names::of("faults").expect("a valid name"))
+}
 /// Each Session workspace's size in the Docker pool.
 pub const WORKSPACE_BYTES: u64 = 32 << 20;
 
@@ -92,7 +137,7 @@ impl System {
         std::fs::create_dir_all(&logs)?;
         let cluster = Cluster::start(
             settings.repo.join("scripts/pg.sh"),
-            settings.repo.join(".mango/faults-pg"),
+            settings.repo.join(format!(".mango/{}-pg", names().suite)),
             settings.pg_port,
         )
         .await?;
@@ -134,9 +179,9 @@ impl System {
                 )
             })?;
         let gateway = std::net::IpAddr::V4(
-            mango_controller::docker::fenced_network(&docker, NETWORK)
+            mango_controller::docker::fenced_network(&docker, &names().network)
                 .await
-                .map_err(|e| anyhow::anyhow!("the fenced network {NETWORK}: {e}"))?
+                .map_err(|e| anyhow::anyhow!("the fenced network {}: {e}", names().network))?
                 .gateway,
         );
         let model = Model::start().await?;
@@ -456,9 +501,9 @@ impl System {
                         format!("http://host.docker.internal:{sandbox_port}"),
                     ),
                     ("MANGO_DOCKER_IMAGE".into(), self.settings.image.clone()),
-                    ("MANGO_POOL".into(), DOCKER_POOL.into()),
-                    ("MANGO_WORKER_ID".into(), DOCKER_POOL.into()),
-                    ("MANGO_DOCKER_NETWORK".into(), NETWORK.into()),
+                    ("MANGO_POOL".into(), names().docker_pool.clone()),
+                    ("MANGO_WORKER_ID".into(), names().docker_pool.clone()),
+                    ("MANGO_DOCKER_NETWORK".into(), names().network.clone()),
                     (
                         "MANGO_DOCKER_WORKSPACE_ROOT".into(),
                         scratch.join("workspaces").to_string_lossy().into_owned(),
@@ -470,8 +515,8 @@ impl System {
             }
             Launcher::Local => {
                 env.extend([
-                    ("MANGO_POOL".to_string(), LOCAL_POOL.to_string()),
-                    ("MANGO_WORKER_ID".into(), LOCAL_POOL.into()),
+                    ("MANGO_POOL".to_string(), names().local_pool.clone()),
+                    ("MANGO_WORKER_ID".into(), names().local_pool.clone()),
                     (
                         "MANGO_RUNNER_BIN".into(),
                         self.bin("mango-runner").to_string_lossy().into_owned(),
@@ -582,6 +627,29 @@ fn collect_logs(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
         let path = entry.path();
         if let Ok(bytes) = std::fs::read(&path) {
             out.push((path, String::from_utf8_lossy(&bytes).into_owned()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+
+    #[test]
+    fn a_name_gives_every_name_of_the_run_and_a_bad_one_is_refused() {
+        let n = Names::of("soak").unwrap();
+        assert_eq!(
+            (
+                n.docker_pool.as_str(),
+                n.local_pool.as_str(),
+                n.network.as_str()
+            ),
+            ("soak-docker", "soak-local", "mango-soak")
+        );
+        assert!(Names::of(&"a".repeat(20)).is_ok());
+        for bad in ["", "Soak", "1soak", "so_ak", "so ak", &"a".repeat(21)] {
+            let err = Names::of(bad).err().map(|e| e.to_string());
+            assert!(err.is_some_and(|e| e.contains("must be")), "{bad:?}");
         }
     }
 }
