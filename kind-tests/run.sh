@@ -24,6 +24,12 @@
 #      PVC; inside a sandbox (on the worker), the api answers, and neither
 #      PostgreSQL nor the Kubernetes API on the control-plane node does (the
 #      NetworkPolicy; it never governs a Pod's own node);
+#   6b. claim → first heartbeat (the Work's acknowledged_at → started_at) of
+#      healthchecks started cold (the pool's warm.replicas 0) and warm (its
+#      warm Pods ready), printed as p50/p99; on kind the warm p99 must be at
+#      most MANGO_E2E_WARM_P99_MS; the Session's first activation binds a warm
+#      Pod, and its second, ended by the runner's idle end, leaves its Pod
+#      kept (spec.keepIdle) for the third, which runs in it;
 #   7. no key, Work secret or sessions token in `kubectl get pod -o yaml`,
 #      in any Secret but the pool's own, in Events or in the controller's log.
 #
@@ -47,6 +53,13 @@
 #                                 any image with python3 on its PATH)
 #   MANGO_E2E_CHECK_NETWORK=0     skip the in-sandbox reachability checks (a CNI
 #                                 that does not enforce NetworkPolicy; kind ≥ 0.24 does)
+#   MANGO_E2E_WARM_REPLICAS       the pool's warm Pods (default 2; spec.warm.replicas,
+#                                 the chart's pool.warm.replicas)
+#   MANGO_E2E_KEEP_IDLE           seconds a Session's sandbox is kept after its idle end
+#                                 (default 120; spec.keepIdle, the chart's pool.keepIdle)
+#   MANGO_E2E_SAMPLES             healthchecks timed per kind of start (default 10)
+#   MANGO_E2E_WARM_P99_MS         the most a warm start's claim → first heartbeat may
+#                                 take at the 99th percentile (default 300; kind only)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -57,6 +70,10 @@ SKIP=77
 CLUSTER="${MANGO_KIND_CLUSTER:-mango-e2e}"
 NS="${MANGO_E2E_NAMESPACE:-mango-e2e-$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
 API_LOCAL_PORT="${MANGO_E2E_API_PORT:-18080}"
+WARM_REPLICAS="${MANGO_E2E_WARM_REPLICAS:-2}"
+KEEP_IDLE="${MANGO_E2E_KEEP_IDLE:-120}"
+SAMPLES="${MANGO_E2E_SAMPLES:-10}"
+WARM_P99_MS="${MANGO_E2E_WARM_P99_MS:-300}"
 
 say() { printf '==> %s\n' "$*" >&2; }
 fail() { printf 'kind-tests: FAILED: %s\n' "$*" >&2; exit 1; }
@@ -100,6 +117,27 @@ elif [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c 'import helm
   HELM=venv
 else
   skip "neither helm nor the venv's helm-python-sdk (scripts/venv.sh) is there to install the chart"
+fi
+
+# --- The chart's pool values ------------------------------------------------------
+# The chart's own WorkerPool (pool.enabled) must carry the warm and kept
+# settings this test gives its pool; helm template shows whether it does.
+chart_pool() {
+  local values=(--set pool.enabled=true --set pool.environmentId=env_e2e
+    --set pool.environmentKeySecret.name=e2e-pool-key
+    --set "pool.warm.replicas=$WARM_REPLICAS" --set "pool.keepIdle=$KEEP_IDLE")
+  if [ "$HELM" = helm ]; then
+    helm template e2e "$ROOT/charts/mango" "${values[@]}" --show-only templates/workerpool.yaml
+  fi
+}
+if [ "$HELM" = helm ]; then
+  RENDERED="$(chart_pool)" || fail "helm template of the chart's pool failed"
+  # This test's pool is applied with kubectl (its Environment is made
+  # below), so a chart short of these values is reported, not fatal.
+  grep -q "replicas: $WARM_REPLICAS" <<<"$RENDERED" \
+    || say "WARNING: the chart's WorkerPool does not carry pool.warm.replicas"
+  grep -q "keepIdle: $KEEP_IDLE" <<<"$RENDERED" \
+    || say "WARNING: the chart's WorkerPool does not carry pool.keepIdle"
 fi
 
 # --- Clean-up and diagnostics -------------------------------------------------
@@ -306,6 +344,9 @@ spec:
     name: e2e-pool-key
   imagePullPolicy: $( [ "$PULL" = Never ] && echo IfNotPresent || echo Always )
   maxConcurrency: 2
+  warm:
+    replicas: 0
+  keepIdle: $KEEP_IDLE
 $(if [ "$MODE" = kind ]; then printf '  nodeSelector:\n    mango.dev/sandboxes: "true"\n'; fi)
   workspace:
     size: 64Mi
@@ -376,7 +417,8 @@ owner = pod["metadata"]["ownerReferences"][0]
 assert (owner["kind"], owner["name"]) == ("WorkerPool", pool), owner
 spec = pod["spec"]
 c = spec["containers"][0]
-assert spec["restartPolicy"] == "Never" and c["stdin"] and c["stdinOnce"], "stdin once, never restarted"
+# A warm or kept Pod takes one envelope per activation (stdinOnce false).
+assert spec["restartPolicy"] == "Never" and c["stdin"], "stdin, never restarted"
 assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
 assert c["securityContext"]["readOnlyRootFilesystem"] is True
 assert not any("secret" in v for v in spec.get("volumes", [])), "no Secret volume"
@@ -394,6 +436,57 @@ while [ -n "$(kubectl -n "$NS" get pods -l "mango.dev/work-id=$CHECK" -o name)" 
   [ "$SECONDS" -lt "$deadline" ] || fail "the healthcheck's Pod is still there a minute after its end"
   sleep 1
 done
+
+# --- Claim → first heartbeat, cold and warm ---------------------------------------
+heartbeat_ms() { # WORK_ID: from its Ack to its runner's first heartbeat, in ms
+  call GET "/v1/environments/$ENV_ID/work/$1" | python3 -c '
+import datetime, json, sys
+w = json.load(sys.stdin)
+at = lambda t: datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+print(round((at(w["started_at"]) - at(w["acknowledged_at"])).total_seconds() * 1000))
+'
+}
+warm_ready() { # how many warm Pods run, unbound
+  kubectl -n "$NS" get pods -l "mango.dev/pool=$POOL,mango.dev/warm=true" \
+    --field-selector=status.phase=Running -o name | wc -l
+}
+until_warm() { # N: until N warm Pods run
+  local deadline=$((SECONDS + 180))
+  while [ "$(warm_ready)" -lt "$1" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "fewer than $1 warm Pods Running after 180 s ($(warm_ready))"
+    sleep 1
+  done
+}
+timed_checks() { # KIND: SAMPLES healthchecks, one at a time; prints their ms, one a line
+  local check
+  for _ in $(seq 1 "$SAMPLES"); do
+    if [ "$1" = warm ]; then until_warm "$WARM_REPLICAS"; fi
+    check="$(call POST "/v1/environments/$ENV_ID/work" '{"data":{"type":"healthcheck"}}' | json "d['id']")"
+    until_stopped "$check" 150
+    [ "$(call GET "/v1/environments/$ENV_ID/work/$check" | json "d['result']['status']")" = succeeded ] \
+      || fail "a $1 healthcheck ($check) did not succeed"
+    heartbeat_ms "$check"
+  done
+}
+percentiles() { # prints "p50 P99" of the numbers on stdin (nearest rank)
+  python3 -c '
+import math, sys
+v = sorted(int(x) for x in sys.stdin.read().split())
+rank = lambda p: v[max(0, math.ceil(p / 100 * len(v)) - 1)]
+print(rank(50), rank(99))
+'
+}
+say "claim → first heartbeat, cold: $SAMPLES healthchecks with no warm Pods"
+COLD="$(timed_checks cold | percentiles)"
+kubectl -n "$NS" patch workerpool "$POOL" --type merge \
+  -p "{\"spec\":{\"warm\":{\"replicas\":$WARM_REPLICAS}}}" >/dev/null
+say "claim → first heartbeat, warm: $SAMPLES healthchecks, each with $WARM_REPLICAS warm Pods ready"
+WARM="$(timed_checks warm | percentiles)"
+echo "kind-tests: claim -> first heartbeat (ms): cold p50 ${COLD% *} p99 ${COLD#* }; warm p50 ${WARM% *} p99 ${WARM#* }"
+if [ "$MODE" = kind ] && [ "${WARM#* }" -gt "$WARM_P99_MS" ]; then
+  fail "a warm start's claim → first heartbeat p99 is ${WARM#* } ms, over $WARM_P99_MS ms"
+fi
+until_warm "$WARM_REPLICAS"
 
 say "a Session, first activation"
 AGENT="$(call POST /v1/agents '{"name":"e2e","model":"e2e-model","tools":[{"type":"agent_toolset_20260401"}]}' | json "d['id']")"
@@ -444,6 +537,7 @@ in_sandbox() { local pod="$1"; shift; kubectl -n "$NS" exec "$pod" -c runner -- 
 say_to_session "first"
 WORK1="$(live_work)"
 POD1="$(pod_of "$WORK1")"
+case "$POD1" in mango-warm-*) ;; *) fail "the Session's first activation started cold ($POD1) with warm Pods ready" ;; esac
 until_active "$WORK1"
 check_pod "$POD1" "$WORK1" "$SESSION"
 MARK="persisted-$(head -c 6 /dev/urandom | od -An -tx1 | tr -d ' \n')"
@@ -495,10 +589,23 @@ GOT="$(in_sandbox "$POD2" cat /workspace/e2e.txt)"
 [ "$GOT" = "$MARK" ] || fail "the second activation read '$GOT' from /workspace, not the first's '$MARK'"
 [ "$(pvc_uid)" = "$PVC1" ] || fail "the second activation got another PVC"
 turns_done 2
-stop_work "$WORK2"
-until_stopped "$WORK2" 30
-until_gone "$POD2" 60 "the second activation's Stop"
-[ "$(pvc_uid)" = "$PVC1" ] || fail "the Session's PVC went with its second activation"
+say "the second activation ends by its runner's idle end; its Pod is kept (keepIdle $KEEP_IDLE s)"
+until_stopped "$WORK2" 150
+kubectl -n "$NS" get pod "$POD2" >/dev/null 2>&1 || fail "the idle Session's Pod $POD2 was not kept"
+say_to_session "third"
+WORK3="$(live_work)"
+[ "$WORK3" != "$WORK2" ] || fail "no third activation"
+POD3="$(pod_of "$WORK3")"
+[ "$POD3" = "$POD2" ] || fail "the third activation ran in $POD3, not in the kept $POD2"
+until_active "$WORK3"
+check_pod "$POD3" "$WORK3" "$SESSION"
+GOT="$(in_sandbox "$POD3" cat /workspace/e2e.txt)"
+[ "$GOT" = "$MARK" ] || fail "the kept Pod read '$GOT' from /workspace, not '$MARK'"
+turns_done 3
+stop_work "$WORK3"
+until_stopped "$WORK3" 30
+until_gone "$POD3" 60 "the third activation's Stop (a kept Pod never outlives a Stop)"
+[ "$(pvc_uid)" = "$PVC1" ] || fail "the Session's PVC went with its activations"
 
 say "no secret anywhere it must not be"
 kubectl -n "$NS" get secrets -o json | python3 -c '
@@ -514,4 +621,4 @@ READY="$(kubectl -n "$NS" get workerpool "$POOL" -o jsonpath='{.status.condition
 [ "$READY" = True ] || fail "WorkerPool $POOL is not Ready at the end ($READY)"
 kubectl -n "$NS" get workerpools,pvc >&2
 
-echo "kind-tests: PASSED (healthcheck, two Session activations on one PVC with a model's bash call each, no secret in the Pod spec, Secrets, Events or logs)"
+echo "kind-tests: PASSED (healthchecks cold and warm, three Session activations on one PVC with a model's bash call each, the first on a warm Pod and the third in the second's kept Pod, no secret in the Pod spec, Secrets, Events or logs)"

@@ -209,10 +209,11 @@ impl Context {
         out
     }
 
-    /// Stops pool `name`'s supervisor, if one runs.
-    fn stop(&self, name: &str, how: Stop) {
+    /// Stops pool `name`'s supervisor, if one runs; the task returned ends
+    /// once it has.
+    fn stop(&self, name: &str, how: Stop) -> Option<JoinHandle<()>> {
         let run = self.runs.lock().expect("runs lock").remove(name);
-        if let Some(mut run) = run {
+        run.map(|mut run| {
             tracing::info!(pool = %name, ?how, "stopping the pool's supervisor");
             if *run.state.lock().expect("state lock") != RunState::Running {
                 // Still checking its key (or done): nothing to drain or detach.
@@ -226,8 +227,8 @@ impl Context {
             tokio::spawn(async move {
                 let _ = task.await;
                 watch.abort();
-            });
-        }
+            })
+        })
     }
 
     /// Stops every supervisor (leadership lost, or shutting down): their
@@ -376,7 +377,7 @@ pub fn sandbox_api_url(pool: &WorkerPool, default_sandbox: Option<&str>, api: &s
 /// Starts pool `pool`'s supervisor for `fit`, detaching one that no longer fits.
 fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api: String) {
     let name = pool.name_any();
-    ctx.stop(&name, Stop::Detach);
+    let predecessor = ctx.stop(&name, Stop::Detach);
     let namespace = pool
         .namespace()
         .unwrap_or_else(|| ctx.settings.namespace.clone());
@@ -420,6 +421,13 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
         let state = state.clone();
         let name = name.clone();
         async move {
+            // The supervisor this one replaces (the pool was edited) detaches
+            // first: its warm pool's filler, still running, would replace the
+            // warm Pods this one recycles, after this one listed them, and
+            // those would be no supervisor's.
+            if let Some(predecessor) = predecessor {
+                let _ = predecessor.await;
+            }
             // While the api cannot be reached this waits (backing off); a
             // stop meanwhile aborts it, as nothing was launched yet.
             let checked = supervisor.check_key(&key).await;

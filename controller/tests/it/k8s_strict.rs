@@ -46,7 +46,7 @@ pub fn make_pool(fake: &ApiServer, api: &TestApp, name: &str, key: &str) -> Arc<
 
 pub type Attaches = Arc<Mutex<Vec<Attached>>>;
 
-fn running(pod: &Value) -> Value {
+pub fn running(pod: &Value) -> Value {
     let statuses: Vec<Value> = pod["spec"]["containers"]
         .as_array()
         .into_iter()
@@ -59,12 +59,24 @@ fn running(pod: &Value) -> Value {
     json!({"phase": "Running", "containerStatuses": statuses})
 }
 
-fn terminating(fake: &ApiServer, pod: &str) -> bool {
+pub fn terminating(fake: &ApiServer, pod: &str) -> bool {
     fake.pod(pod)
         .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
 }
 
-/// Plays the kubelet of every Pod until aborted.
+/// Whether every PVC the Pod mounts exists: the scheduler places no Pod
+/// whose claim is missing (it stays Pending, `persistentvolumeclaim "…"
+/// not found`), so a warm Pod, made before its PVC, runs only after it.
+pub fn claims_exist(fake: &ApiServer, pod: &Value) -> bool {
+    pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+        .all(|claim| fake.object("persistentvolumeclaims", NS, claim).is_some())
+}
+
+/// Plays the kubelet of every Pod (each once its PVCs exist) until aborted.
 pub fn kubelet(
     fake: Arc<ApiServer>,
     volumes: PathBuf,
@@ -82,7 +94,7 @@ pub fn kubelet(
                     if !running_now.lock().unwrap().contains(&name) {
                         fake.pod_terminated(&name);
                     }
-                } else if started.insert(name.clone()) {
+                } else if claims_exist(&fake, &pod) && started.insert(name.clone()) {
                     fake.set_pod_status(&name, running(&pod));
                 }
             }
@@ -104,7 +116,7 @@ pub fn kubelet(
 
 /// The container: the runner with the Pod's env and the attach's stdin,
 /// stopped when its Pod is deleted; then its terminated state.
-async fn run_container(
+pub async fn run_container(
     fake: Arc<ApiServer>,
     volumes: PathBuf,
     attached: Attached,

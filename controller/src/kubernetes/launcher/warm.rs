@@ -260,6 +260,9 @@ impl PodLauncher {
             return Ok(SandboxExit::Gone);
         };
         let age = Duration::from_secs(waited(&pod).max(0) as u64);
+        if !running(&pod) && !self.until_running(name, age).await {
+            return Ok(SandboxExit::Gone);
+        }
         let left = self.pool.spec.warm_max_age().saturating_sub(age);
         // The watch may not show it yet (one adopted at a start).
         let mut seen = false;
@@ -278,6 +281,27 @@ impl PodLauncher {
                 Ok(SandboxExit::Gone)
             }
         }
+    }
+
+    /// Whether the warm Pod `name`, `age` old and not Running yet, runs
+    /// within what is left of the pool's start bound. Only an adopted one
+    /// can be in that state (this launcher admits its own once Running): a
+    /// supervisor stopped while making it, maybe before its PVC was made,
+    /// and then it is Pending for good. Counted ready meanwhile, it would
+    /// hold a place in the pool until its `warm.maxAge`.
+    async fn until_running(&self, name: &str, age: Duration) -> bool {
+        let left = self.pool.spec.start_timeout().saturating_sub(age);
+        let mut seen = false;
+        let started = tokio::time::timeout(
+            left,
+            self.store.until(name, |pod| start_state(pod, &mut seen)),
+        )
+        .await;
+        if !matches!(started, Ok(Start::Running(_))) {
+            tracing::info!(pod = %name, "a warm Pod of an earlier run did not run within the pool's start bound; replacing it");
+            return false;
+        }
+        true
     }
 
     /// The warm Pod `name` and its PVC, each only while unbound: one an
