@@ -194,6 +194,12 @@ struct Cli {
         global = true
     )]
     faults_pg_port: u16,
+    /// The fault suite's name: its Docker network is `mango-<name>`, its
+    /// pools `<name>-docker` and `<name>-local`, so two runs on one engine
+    /// given different names never touch each other's sandboxes.
+    #[arg(long, env = "MANGO_FAULTS_NAME", default_value = faults::DEFAULT_NAME,
+          value_parser = faults::Names::new, global = true)]
+    faults_name: faults::Names,
     /// The lease TTL the fault suite's api processes give (seconds, 5 to 300).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=300), global = true)]
     faults_ttl_seconds: u64,
@@ -532,6 +538,7 @@ async fn run_faults(cli: &Cli) -> std::process::ExitCode {
         }
     };
     let opts = faults::Options {
+        names: cli.faults_name.clone(),
         repo: std::env::current_dir().unwrap_or_default(),
         bin_dir,
         image: cli.sandbox_image.clone(),

@@ -191,7 +191,13 @@ pub async fn check_leftovers(
 ) {
     let deadline = Instant::now() + within;
     loop {
-        let left = sandboxes::leftovers(&system.docker, &system.local_root(), sessions).await;
+        let left = sandboxes::leftovers(
+            &system.docker,
+            &system.settings.names,
+            &system.local_root(),
+            sessions,
+        )
+        .await;
         if left.is_empty() {
             return;
         }

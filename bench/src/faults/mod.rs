@@ -9,8 +9,10 @@
 //! it exits non-zero naming every invariant that failed.
 
 mod cluster;
+mod exhausted;
 mod invariants;
 mod load;
+mod memory_full;
 mod model;
 mod model_faults;
 mod network_cut;
@@ -26,8 +28,11 @@ pub use scenarios::Name;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+pub use system::{Names, DEFAULT_NAME};
 
 pub struct Options {
+    /// The suite's name, which its network and pools derive from.
+    pub names: system::Names,
     /// Where `mango`, `mango-worker` and `mango-runner` are.
     pub bin_dir: PathBuf,
     /// The checkout (for `scripts/pg.sh`, and `fuzz/fuzz_targets`).
@@ -90,6 +95,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Summary> {
         crate::harness::scratch_root().join(format!("mango-faults-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let settings = system::Settings {
+        names: opts.names.clone(),
         bin_dir: opts.bin_dir.clone(),
         repo: opts.repo.clone(),
         scratch: scratch.clone(),
@@ -99,7 +105,11 @@ pub async fn run(opts: Options) -> anyhow::Result<Summary> {
         concurrency: 4,
     };
     let system = Arc::new(system::System::start(settings).await?);
-    let followers = sandboxes::follow_container_logs(system.docker.clone(), system.logs.clone());
+    let followers = sandboxes::follow_container_logs(
+        system.docker.clone(),
+        system.settings.names.clone(),
+        system.logs.clone(),
+    );
     let outcome = run_scenarios(&system, &opts.scenarios).await;
     followers.abort();
     let mut summary = match outcome {

@@ -8,7 +8,7 @@
 use super::invariants::Promises;
 use super::sandboxes;
 use super::scenarios::{self, Outcome};
-use super::system::{System, DOCKER_POOL, NETWORK};
+use super::system::System;
 use super::watch::RECLAIM_DELAY;
 use anyhow::Context;
 use bollard::models::{NetworkConnectRequest, NetworkDisconnectRequest};
@@ -32,9 +32,10 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
                 let (s, work) = (s.clone(), work.clone());
                 async move { until_reclaimed(&s, &work, epoch).await }
             });
+            let network = s.settings.names.network.clone();
             s.docker
                 .disconnect_network(
-                    NETWORK,
+                    &network,
                     NetworkDisconnectRequest {
                         container: Some(container.clone()),
                         force: Some(true),
@@ -48,7 +49,7 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
             let healed = s
                 .docker
                 .connect_network(
-                    NETWORK,
+                    &network,
                     NetworkConnectRequest {
                         container: Some(container),
                         ..Default::default()
@@ -87,8 +88,10 @@ async fn until_docker_call(system: &System) -> anyhow::Result<(String, i64, Stri
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         scenarios::until_calls_run(system).await?;
-        for live in sandboxes::live(&system.docker, &system.local_root()).await {
-            let Some(container) = live.container.filter(|_| live.pool == DOCKER_POOL) else {
+        let names = &system.settings.names;
+        for live in sandboxes::live(&system.docker, names, &system.local_root()).await {
+            let docker = live.pool == names.docker_pool;
+            let Some(container) = live.container.filter(|_| docker) else {
                 continue;
             };
             // Its runner heartbeats (a sandbox slow to start may lose its

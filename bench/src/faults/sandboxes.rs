@@ -3,7 +3,7 @@
 //! output followed into the run's logs from the moment it appears (a
 //! container is gone with its logs once its supervisor removes it).
 
-use super::system::{DOCKER_POOL, LOCAL_POOL, WORKSPACE_BYTES};
+use super::system::{Names, WORKSPACE_BYTES};
 use bollard::query_parameters::{
     ListContainersOptions, ListVolumesOptions, LogsOptions, RemoveContainerOptions,
     RemoveVolumeOptions,
@@ -22,20 +22,24 @@ use std::time::Duration;
 /// A live sandbox of an item: which pool, Work, claim.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Live {
-    pub pool: &'static str,
+    pub pool: String,
     pub work_id: String,
     pub claim: i64,
     /// The container's id (Docker pool only).
     pub container: Option<String>,
 }
 
-async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::ContainerSummary> {
+async fn containers(
+    docker: &Docker,
+    names: &Names,
+    all: bool,
+) -> Vec<bollard::models::ContainerSummary> {
     docker
         .list_containers(Some(ListContainersOptions {
             all,
             filters: Some(HashMap::from([(
                 "label".to_string(),
-                vec![format!("{LABEL_POOL}={DOCKER_POOL}")],
+                vec![format!("{LABEL_POOL}={}", names.docker_pool)],
             )])),
             ..Default::default()
         }))
@@ -44,13 +48,13 @@ async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::Containe
 }
 
 /// The running containers and live local runners that serve an item.
-pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
+pub async fn live(docker: &Docker, names: &Names, local_root: &Path) -> Vec<Live> {
     let mut out = Vec::new();
-    for c in containers(docker, false).await {
+    for c in containers(docker, names, false).await {
         let labels = c.labels.unwrap_or_default();
         if let (Some(work), Some(claim)) = (labels.get(LABEL_WORK_ID), labels.get(LABEL_CLAIM)) {
             out.push(Live {
-                pool: DOCKER_POOL,
+                pool: names.docker_pool.clone(),
                 work_id: work.clone(),
                 claim: claim.parse().unwrap_or(-1),
                 container: c.id.clone(),
@@ -64,7 +68,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
             pid > 0 && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
         if let (true, Some(work)) = (lives, labels[LABEL_WORK_ID].as_str()) {
             out.push(Live {
-                pool: LOCAL_POOL,
+                pool: names.local_pool.clone(),
                 work_id: work.to_string(),
                 claim: labels[LABEL_CLAIM]
                     .as_str()
@@ -92,11 +96,12 @@ fn local_records(root: &Path) -> Vec<serde_json::Value> {
 /// (and local sandbox records) that name one of them.
 pub async fn leftovers(
     docker: &Docker,
+    names: &Names,
     local_root: &Path,
     sessions: &HashSet<String>,
 ) -> Vec<String> {
     let mut objects = Vec::new();
-    for c in containers(docker, true).await {
+    for c in containers(docker, names, true).await {
         let name = c.names.clone().unwrap_or_default().join(",");
         objects.push((format!("container {name}"), c.labels.unwrap_or_default()));
     }
@@ -160,11 +165,15 @@ pub fn left_of(
 
 /// Follows the output of every container of the Docker pool into
 /// `logs/container-<name>.log`, until the returned handle is dropped.
-pub fn follow_container_logs(docker: Docker, logs: PathBuf) -> tokio::task::JoinHandle<()> {
+pub fn follow_container_logs(
+    docker: Docker,
+    names: Names,
+    logs: PathBuf,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let followed: Arc<Mutex<HashSet<String>>> = Arc::default();
         loop {
-            for c in containers(&docker, true).await {
+            for c in containers(&docker, &names, true).await {
                 let Some(id) = c.id.clone() else { continue };
                 if !followed.lock().unwrap().insert(id.clone()) {
                     continue;
@@ -208,8 +217,8 @@ pub fn follow_container_logs(docker: Docker, logs: PathBuf) -> tokio::task::Join
 
 /// Removes every container of the suite's Docker pool and every volume
 /// the suite's supervisors made (with their bounded filesystems).
-pub async fn remove_all(docker: &Docker, scratch: &Path) {
-    for c in containers(docker, true).await {
+pub async fn remove_all(docker: &Docker, names: &Names, scratch: &Path) {
+    for c in containers(docker, names, true).await {
         let _ = docker
             .remove_container(
                 c.id.as_deref().unwrap_or_default(),
@@ -235,7 +244,10 @@ pub async fn remove_all(docker: &Docker, scratch: &Path) {
         .map(|v| v.volumes.unwrap_or_default())
         .unwrap_or_default();
     for v in volumes {
-        let ours = v.labels.get(LABEL_POOL).is_some_and(|p| p == DOCKER_POOL)
+        let ours = v
+            .labels
+            .get(LABEL_POOL)
+            .is_some_and(|p| *p == names.docker_pool)
             || v.mountpoint.starts_with(&*scratch.to_string_lossy())
             || v.options
                 .values()

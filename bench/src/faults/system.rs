@@ -15,15 +15,53 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The Docker pool and network of the suite's sandboxes: its own, so it
-/// never meets another supervisor's.
-pub const DOCKER_POOL: &str = "faults-docker";
-pub const LOCAL_POOL: &str = "faults-local";
-pub const NETWORK: &str = "mango-faults";
+/// The suite's name by default: its network `mango-faults`, its pools
+/// `faults-docker` and `faults-local`.
+pub const DEFAULT_NAME: &str = "faults";
 /// Each Session workspace's size in the Docker pool.
 pub const WORKSPACE_BYTES: u64 = 32 << 20;
+/// Each Docker sandbox's `/tmp` and Memory Store mount (tmpfs), MiB: small,
+/// so that a store (up to 40 MiB) can be larger than its mount.
+pub const TMPFS_MIB: u32 = 8;
+
+/// The Docker network and the pools of the suite's sandboxes: its own, so
+/// they never meet another supervisor's, nor those of another run of the
+/// suite on the same engine given another name (`--faults-name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub docker_pool: String,
+    pub local_pool: String,
+    pub network: String,
+}
+
+impl Names {
+    /// The names of a run called `name`: lowercase ASCII letters, digits and
+    /// inner hyphens, at most 40 bytes (a Docker network's and a label's
+    /// value then stay short and plain).
+    pub fn new(name: &str) -> Result<Names, String> {
+        let plain = name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if name.is_empty()
+            || name.len() > 40
+            || !plain
+            || name.starts_with('-')
+            || name.ends_with('-')
+        {
+            return Err(format!(
+                "the fault suite's name {name:?}: 1 to 40 lowercase letters, digits and inner hyphens"
+            ));
+        }
+        Ok(Names {
+            docker_pool: format!("{name}-docker"),
+            local_pool: format!("{name}-local"),
+            network: format!("mango-{name}"),
+        })
+    }
+}
 
 pub struct Settings {
+    pub names: Names,
     pub bin_dir: PathBuf,
     pub repo: PathBuf,
     pub scratch: PathBuf,
@@ -134,9 +172,9 @@ impl System {
                 )
             })?;
         let gateway = std::net::IpAddr::V4(
-            mango_controller::docker::fenced_network(&docker, NETWORK)
+            mango_controller::docker::fenced_network(&docker, &settings.names.network)
                 .await
-                .map_err(|e| anyhow::anyhow!("the fenced network {NETWORK}: {e}"))?
+                .map_err(|e| anyhow::anyhow!("the fenced network {}: {e}", settings.names.network))?
                 .gateway,
         );
         let model = Model::start().await?;
@@ -233,10 +271,9 @@ impl System {
                 "MANGO_OBJECT_STORE".into(),
                 scratch.join("objects").to_string_lossy().into_owned(),
             ),
-            (
-                "MANGO_MEMORY_MOUNT_ROOT".into(),
-                scratch.join("memory").to_string_lossy().into_owned(),
-            ),
+            // Sessions mount their Memory Stores at the default root, where
+            // the Docker pool's sandboxes have their tmpfs for them; the
+            // scenarios that attach stores run on that pool alone.
             ("MANGO_LOG".into(), "info".into()),
         ];
         let proc = Proc::spawn(
@@ -433,6 +470,7 @@ impl System {
             (a.base(), a.sandbox_port)
         };
         let scratch = &self.settings.scratch;
+        let names = &self.settings.names;
         let mut env = vec![
             (
                 "MANGO_ENVIRONMENT_KEY".to_string(),
@@ -456,22 +494,23 @@ impl System {
                         format!("http://host.docker.internal:{sandbox_port}"),
                     ),
                     ("MANGO_DOCKER_IMAGE".into(), self.settings.image.clone()),
-                    ("MANGO_POOL".into(), DOCKER_POOL.into()),
-                    ("MANGO_WORKER_ID".into(), DOCKER_POOL.into()),
-                    ("MANGO_DOCKER_NETWORK".into(), NETWORK.into()),
+                    ("MANGO_POOL".into(), names.docker_pool.clone()),
+                    ("MANGO_WORKER_ID".into(), names.docker_pool.clone()),
+                    ("MANGO_DOCKER_NETWORK".into(), names.network.clone()),
                     (
                         "MANGO_DOCKER_WORKSPACE_ROOT".into(),
                         scratch.join("workspaces").to_string_lossy().into_owned(),
                     ),
                     ("MANGO_WORKSPACE_SIZE".into(), WORKSPACE_BYTES.to_string()),
+                    ("MANGO_SANDBOX_TMPFS_MIB".into(), TMPFS_MIB.to_string()),
                     ("MANGO_WARM".into(), self.warm.lock().unwrap().to_string()),
                 ]);
                 ("worker-docker", vec!["docker".into()])
             }
             Launcher::Local => {
                 env.extend([
-                    ("MANGO_POOL".to_string(), LOCAL_POOL.to_string()),
-                    ("MANGO_WORKER_ID".into(), LOCAL_POOL.into()),
+                    ("MANGO_POOL".to_string(), names.local_pool.clone()),
+                    ("MANGO_WORKER_ID".into(), names.local_pool.clone()),
                     (
                         "MANGO_RUNNER_BIN".into(),
                         self.bin("mango-runner").to_string_lossy().into_owned(),
@@ -558,7 +597,8 @@ impl System {
                 proc.kill().await;
             }
         }
-        super::sandboxes::remove_all(&self.docker, &self.settings.scratch).await;
+        super::sandboxes::remove_all(&self.docker, &self.settings.names, &self.settings.scratch)
+            .await;
         self.db.close().await;
         if let Err(err) = self.cluster.stop().await {
             eprintln!("faults: stopping the suite's PostgreSQL: {err:#}");
@@ -583,5 +623,27 @@ fn collect_logs(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
         if let Ok(bytes) = std::fs::read(&path) {
             out.push((path, String::from_utf8_lossy(&bytes).into_owned()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_name_keeps_the_suite_s_names_and_a_bad_one_is_refused() {
+        let names = Names::new(DEFAULT_NAME).unwrap();
+        assert_eq!(names.network, "mango-faults");
+        assert_eq!(names.docker_pool, "faults-docker");
+        assert_eq!(names.local_pool, "faults-local");
+        assert_eq!(
+            Names::new("faults-res").unwrap().network,
+            "mango-faults-res"
+        );
+        for bad in ["", "-a", "a-", "Faults", "a b", "a/b", &"a".repeat(41)] {
+            let err = Names::new(bad).unwrap_err();
+            assert!(err.contains("lowercase letters"), "{bad:?}: {err}");
+        }
+        assert!(Names::new(&"a".repeat(40)).is_ok());
     }
 }

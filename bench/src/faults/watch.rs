@@ -197,7 +197,7 @@ async fn sample(system: &System, judge: &mut Judge, out: &Mutex<Observed>) {
             },
         )
         .collect();
-    let live = sandboxes::live(&system.docker, &system.local_root()).await;
+    let live = sandboxes::live(&system.docker, &system.settings.names, &system.local_root()).await;
     let mut seen = Observed::default();
     judge.rows(rows, &mut seen);
     judge.live(&live, Instant::now(), &mut seen);
@@ -262,7 +262,7 @@ mod tests {
 
     fn live(claim: i64) -> sandboxes::Live {
         sandboxes::Live {
-            pool: "faults-docker",
+            pool: "faults-docker".into(),
             work_id: "work_a".into(),
             claim,
             container: None,
