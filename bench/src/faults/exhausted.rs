@@ -3,9 +3,10 @@
 //! sandbox's tmpfs), or fills the sandbox's pids limit. The call that ran
 //! out gets a result, an error saying what ran out; the next call of that
 //! activation is still answered; the Session takes its next message and
-//! ends that turn (`end_turn`, its call a success), in a sandbox the fault
-//! left usable: the workspace (kept across activations) still full when
-//! that turn begins.
+//! ends that turn (`end_turn`, its call a success, which first removes the
+//! file that filled the disk: a next message soon after the turn is taken
+//! by the same activation, its `/tmp` still full, and the workspace is kept
+//! across activations).
 //!
 //! These run on the Docker pool alone ([`docker_only`]): a local runner's
 //! workspace, `/tmp` and processes are the host's, which no tool of the
@@ -59,7 +60,8 @@ pub const DISK_CASES: [Case; 2] = [
         command: "if [ {n} = 1 ]; then head -c 48m /dev/zero > fill.bin; else echo still answering; fi",
         reason: NO_SPACE,
         after: After::Succeeds("still answering"),
-        // Its next activation begins with the workspace still full.
+        // The workspace is kept: whichever activation runs the next turn
+        // begins with it still full.
         recover: "rm fill.bin && echo recovered > after.txt && cat after.txt",
     },
     Case {
@@ -67,7 +69,8 @@ pub const DISK_CASES: [Case; 2] = [
         command: "if [ {n} = 1 ]; then head -c 16m /dev/zero > /tmp/fill.bin; else echo still answering; fi",
         reason: NO_SPACE,
         after: After::Succeeds("still answering"),
-        recover: "echo recovered > /tmp/after.txt && cat /tmp/after.txt",
+        // Its next turn may run in the same activation, /tmp still full.
+        recover: "rm /tmp/fill.bin && echo recovered > /tmp/after.txt && cat /tmp/after.txt",
     },
 ];
 
@@ -145,6 +148,12 @@ async fn drive(system: &System, case: &Case) -> Record {
         let text = format!("fault {first} calls=2 cmd={}", case.command);
         load::send_once(system, &session, &first, &text).await?;
         let events = until_turn_over(system, &session, &first).await?;
+        if let Some(said) = exhausted_call(&events, &first) {
+            println!(
+                "faults: {} exhausted: the call that ran out said {said:?}",
+                case.what
+            );
+        }
         for broken in judge_exhausted_turn(&events, &first, case) {
             record
                 .failures
@@ -218,6 +227,19 @@ pub fn result_text(result: &Value) -> String {
         Value::String(s) => s.clone(),
         _ => String::new(),
     }
+}
+
+/// The first result of the turn of `marker`, its last line (what ran out, said).
+fn exhausted_call(events: &[Value], marker: &str) -> Option<String> {
+    let turn = after(events, marker);
+    let first = results(turn).into_iter().next()?;
+    let text = result_text(first);
+    let said = text
+        .lines()
+        .rev()
+        .find(|l| !l.starts_with("[exit code") && !l.starts_with("[the shell"))
+        .unwrap_or_default();
+    Some(said.chars().take(160).collect())
 }
 
 /// The turn's tool results, in order.

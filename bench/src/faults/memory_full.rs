@@ -109,6 +109,16 @@ async fn grown(system: &System) -> Record {
         until_call_runs(system, &session).await?;
         fill(system, &store, "grown").await?;
         let events = exhausted::until_turn_over(system, &session, &first).await?;
+        if let Some(said) = events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == types::USER_TOOL_RESULT)
+        {
+            println!(
+                "faults: memory-full: of {BIG_MEMORIES} memories the grown store's mount took {:?}",
+                result_text(said)
+            );
+        }
         for broken in judge_grown_turn(&events, &first) {
             record.failures.push(format!("{session}: {broken}"));
         }
@@ -220,9 +230,11 @@ pub fn judge_grown_turn(events: &[Value], marker: &str) -> Vec<String> {
     broken
 }
 
-/// Waits until no Work of the Session is live.
+/// Waits until no Work of the Session is live: its runner waits 60 s after
+/// the turn for a next message, then syncs (30 s at most) and flushes (30 s).
 async fn until_work_stopped(system: &System, session: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let within = Duration::from_secs(150);
+    let deadline = Instant::now() + within;
     loop {
         let (live,): (i64,) = sqlx::query_as(
             "SELECT count(*) FROM work WHERE session_id = $1 AND state <> 'stopped'",
@@ -235,7 +247,7 @@ async fn until_work_stopped(system: &System, session: &str) -> anyhow::Result<()
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{session}'s Work did not stop within 60 s of its idle end"
+            "{session}'s Work did not stop within {within:?} of its idle end"
         );
         // Poll interval of this deadline loop.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -356,25 +368,24 @@ async fn open_session_with(system: &System, store: &str) -> anyhow::Result<(Stri
     Ok((id, mount))
 }
 
-/// Waits until the Session's call has been made and not yet answered.
+/// Waits until the Session's runner says its call runs (its container's
+/// log): its store was downloaded before, as it was then.
 async fn until_call_runs(system: &System, session: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let events = load::events(system, session).await?;
-        let calls = events
-            .iter()
-            .filter(|e| e["type"] == types::AGENT_TOOL_USE)
-            .count();
-        let answered = events
-            .iter()
-            .filter(|e| e["type"] == types::USER_TOOL_RESULT)
-            .count();
-        if calls > answered {
+        let running = system.all_logs().iter().any(|(path, text)| {
+            path.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("container-"))
+                && text
+                    .lines()
+                    .any(|l| l.contains("tool call running") && l.contains(session))
+        });
+        if running {
             return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{session} made no call within 90 s"
+            "{session}'s runner ran no call within 90 s"
         );
         // Poll interval of this deadline loop.
         tokio::time::sleep(Duration::from_millis(200)).await;
