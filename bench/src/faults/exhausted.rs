@@ -360,6 +360,16 @@ mod tests {
             idle("end_turn"),
         ];
         assert_eq!(judge_exhausted_turn(&silent, "m1", &DISK_CASES[0]).len(), 1);
+        let unflagged = [
+            message("m1"),
+            answer(false, "No space left on device"),
+            answer(false, "still answering"),
+            idle("end_turn"),
+        ];
+        assert_eq!(
+            judge_exhausted_turn(&unflagged, "m1", &DISK_CASES[0]).len(),
+            1
+        );
         let vague = [
             message("m1"),
             answer(true, "[exit code: 1]"),
