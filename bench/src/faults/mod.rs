@@ -9,8 +9,10 @@
 //! it exits non-zero naming every invariant that failed.
 
 mod cluster;
+mod exhausted;
 mod invariants;
 mod load;
+mod memory_full;
 mod model;
 mod model_faults;
 mod network_cut;

@@ -22,7 +22,7 @@ use std::time::Duration;
 /// A live sandbox of an item: which pool, Work, claim.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Live {
-    pub pool: &'static str,
+    pub pool: String,
     pub work_id: String,
     pub claim: i64,
     /// The container's id (Docker pool only).
@@ -50,7 +50,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
         let labels = c.labels.unwrap_or_default();
         if let (Some(work), Some(claim)) = (labels.get(LABEL_WORK_ID), labels.get(LABEL_CLAIM)) {
             out.push(Live {
-                pool: names().docker_pool.as_str(),
+                pool: names().docker_pool.clone(),
                 work_id: work.clone(),
                 claim: claim.parse().unwrap_or(-1),
                 container: c.id.clone(),
@@ -64,7 +64,7 @@ pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
             pid > 0 && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty());
         if let (true, Some(work)) = (lives, labels[LABEL_WORK_ID].as_str()) {
             out.push(Live {
-                pool: names().local_pool.as_str(),
+                pool: names().local_pool.clone(),
                 work_id: work.to_string(),
                 claim: labels[LABEL_CLAIM]
                     .as_str()

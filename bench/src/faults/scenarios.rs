@@ -37,6 +37,12 @@ pub enum Name {
     ModelFaults,
     /// A forced Stop racing a Result, and racing a reclaim.
     StopRaces,
+    /// A tool fills its Session's workspace, and one fills `/tmp`.
+    DiskFull,
+    /// A tool fills the sandbox's pids limit.
+    PidsExhausted,
+    /// Memory Stores larger than their mount, from the start and mid-turn.
+    MemoryFull,
 }
 
 impl Name {
@@ -134,6 +140,9 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
         Name::NetworkCut => super::network_cut::run(system).await,
         Name::ModelFaults => super::model_faults::run(system).await,
         Name::StopRaces => super::stop_races::run(system).await,
+        Name::DiskFull => super::exhausted::run(system, &super::exhausted::DISK_CASES).await,
+        Name::PidsExhausted => super::exhausted::run(system, &super::exhausted::PIDS_CASES).await,
+        Name::MemoryFull => super::memory_full::run(system).await,
     }
 }
 

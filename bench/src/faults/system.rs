@@ -67,6 +67,9 @@ pub fn names() -> &'static Names {
 }
 /// Each Session workspace's size in the Docker pool.
 pub const WORKSPACE_BYTES: u64 = 32 << 20;
+/// Each Docker sandbox's `/tmp` and Memory Store mount (tmpfs), MiB: small,
+/// so that a store (up to 40 MiB) can be larger than its mount.
+pub const TMPFS_MIB: u32 = 8;
 
 pub struct Settings {
     pub bin_dir: PathBuf,
@@ -278,10 +281,9 @@ impl System {
                 "MANGO_OBJECT_STORE".into(),
                 scratch.join("objects").to_string_lossy().into_owned(),
             ),
-            (
-                "MANGO_MEMORY_MOUNT_ROOT".into(),
-                scratch.join("memory").to_string_lossy().into_owned(),
-            ),
+            // Sessions mount their Memory Stores at the default root, where
+            // the Docker pool's sandboxes have their tmpfs for them; the
+            // scenarios that attach stores run on that pool alone.
             ("MANGO_LOG".into(), "info".into()),
         ];
         let proc = Proc::spawn(
@@ -509,6 +511,7 @@ impl System {
                         scratch.join("workspaces").to_string_lossy().into_owned(),
                     ),
                     ("MANGO_WORKSPACE_SIZE".into(), WORKSPACE_BYTES.to_string()),
+                    ("MANGO_SANDBOX_TMPFS_MIB".into(), TMPFS_MIB.to_string()),
                     ("MANGO_WARM".into(), self.warm.lock().unwrap().to_string()),
                 ]);
                 ("worker-docker", vec!["docker".into()])

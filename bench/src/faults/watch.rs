@@ -262,7 +262,7 @@ mod tests {
 
     fn live(claim: i64) -> sandboxes::Live {
         sandboxes::Live {
-            pool: "faults-docker",
+            pool: "faults-docker".into(),
             work_id: "work_a".into(),
             claim,
             container: None,
