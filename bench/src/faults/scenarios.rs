@@ -37,6 +37,12 @@ pub enum Name {
     ModelFaults,
     /// A forced Stop racing a Result, and racing a reclaim.
     StopRaces,
+    /// A heartbeat just before its lease expires, and just after.
+    HeartbeatEdge,
+    /// SIGKILL of the Docker supervisor while Sessions' kept sandboxes wait.
+    SupervisorKillKept,
+    /// SIGTERM of the Docker supervisor while Sessions' kept sandboxes wait.
+    SupervisorTermKept,
 }
 
 impl Name {
@@ -134,6 +140,9 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
         Name::NetworkCut => super::network_cut::run(system).await,
         Name::ModelFaults => super::model_faults::run(system).await,
         Name::StopRaces => super::stop_races::run(system).await,
+        Name::HeartbeatEdge => super::clock::run(system).await,
+        Name::SupervisorKillKept => super::kept_kills::run(system, libc::SIGKILL).await,
+        Name::SupervisorTermKept => super::kept_kills::run(system, libc::SIGTERM).await,
     }
 }
 
