@@ -330,7 +330,8 @@ async fn a_kept_sandbox_of_a_deleted_session_is_removed(db: sqlx::PgPool) {
         running.metrics.kept.load(Relaxed) == 1
     })
     .await;
-    // Several sweeps while the Session lives: its kept sandbox stays.
+    // A fault window of three sweeps while the Session lives: its kept
+    // sandbox must stay through them.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!launcher.removed(&handle), "kept while its Session lives");
 
