@@ -8,9 +8,12 @@
 //! faults_secret_lines=0 max_reclaim_s=… proptest_cases=… fuzz_targets=…`;
 //! it exits non-zero naming every invariant that failed.
 
+mod clock;
 mod cluster;
 mod exhausted;
 mod invariants;
+mod kept_kills;
+mod kept_watch;
 mod load;
 mod memory_full;
 mod model;

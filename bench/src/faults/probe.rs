@@ -18,22 +18,32 @@ pub struct Held {
     pub last_heartbeat: String,
 }
 
-fn work_path(system: &System, rest: &str) -> String {
-    format!("/v1/environments/{}/work{rest}", system.probe_env_id)
+fn work_path(env_id: &str, rest: &str) -> String {
+    format!("/v1/environments/{env_id}/work{rest}")
 }
 
 /// Creates a healthcheck in the probe Environment; its id.
 pub async fn create(system: &System) -> anyhow::Result<String> {
+    create_in(system, &system.probe_env_id).await
+}
+
+/// Creates a healthcheck in Environment `env_id`; its id.
+pub async fn create_in(system: &System, env_id: &str) -> anyhow::Result<String> {
     let body = json!({"data": {"type": "healthcheck"}});
     let work = system
-        .expect(Method::POST, &work_path(system, ""), Some(&body), 201)
+        .expect(Method::POST, &work_path(env_id, ""), Some(&body), 201)
         .await?;
     Ok(work["id"].as_str().unwrap_or_default().to_string())
 }
 
 /// Polls, acks and claims the lease of the oldest available item.
 pub async fn claim(system: &System) -> anyhow::Result<Held> {
-    let key = system.probe_env_key.clone();
+    claim_in(system, &system.probe_env_id, &system.probe_env_key).await
+}
+
+/// [`claim`] in Environment `env_id`, with its key.
+pub async fn claim_in(system: &System, env_id: &str, key: &str) -> anyhow::Result<Held> {
+    let key = key.to_string();
     // A poll whose answer was lost leaves a pending claim, polled again
     // once it is older than `reclaim_older_than_ms` (5 s).
     let mut attempts = 0;
@@ -41,7 +51,7 @@ pub async fn claim(system: &System) -> anyhow::Result<Held> {
         let polled = system
             .call_with(
                 Method::GET,
-                &work_path(system, "/poll?block_ms=900"),
+                &work_path(env_id, "/poll?block_ms=900"),
                 &key,
                 None,
                 Duration::from_secs(30),
@@ -66,7 +76,7 @@ pub async fn claim(system: &System) -> anyhow::Result<Held> {
     let acked = system
         .call_with(
             Method::POST,
-            &work_path(system, &format!("/{id}/ack")),
+            &work_path(env_id, &format!("/{id}/ack")),
             &key,
             None,
             Duration::from_secs(30),
@@ -83,7 +93,7 @@ pub async fn claim(system: &System) -> anyhow::Result<Held> {
         token,
         last_heartbeat: "NO_HEARTBEAT".into(),
     };
-    let beat = heartbeat(system, &held).await?;
+    let beat = heartbeat_in(system, env_id, &held).await?;
     anyhow::ensure!(
         beat.status == 200,
         "first heartbeat: {} {}",
@@ -98,8 +108,17 @@ pub async fn claim(system: &System) -> anyhow::Result<Held> {
 }
 
 pub async fn heartbeat(system: &System, held: &Held) -> anyhow::Result<super::system::Reply> {
+    heartbeat_in(system, &system.probe_env_id, held).await
+}
+
+/// [`heartbeat`] of an item of Environment `env_id`.
+pub async fn heartbeat_in(
+    system: &System,
+    env_id: &str,
+    held: &Held,
+) -> anyhow::Result<super::system::Reply> {
     let path = work_path(
-        system,
+        env_id,
         &format!(
             "/{}/heartbeat?expected_last_heartbeat={}",
             held.work_id,
@@ -118,12 +137,21 @@ pub async fn heartbeat(system: &System, held: &Held) -> anyhow::Result<super::sy
 }
 
 pub async fn result(system: &System, held: &Held) -> anyhow::Result<super::system::Reply> {
+    result_in(system, &system.probe_env_id, held).await
+}
+
+/// [`result`] of an item of Environment `env_id`.
+pub async fn result_in(
+    system: &System,
+    env_id: &str,
+    held: &Held,
+) -> anyhow::Result<super::system::Reply> {
     let body =
         json!({"status": "succeeded", "message": "Sandbox process and workspace check passed"});
     system
         .call_with(
             Method::POST,
-            &work_path(system, &format!("/{}/result", held.work_id)),
+            &work_path(env_id, &format!("/{}/result", held.work_id)),
             &held.token,
             Some(&body),
             Duration::from_secs(30),
@@ -136,7 +164,7 @@ pub async fn stop(system: &System, work_id: &str) -> anyhow::Result<super::syste
     system
         .call_with(
             Method::POST,
-            &work_path(system, &format!("/{work_id}/stop")),
+            &work_path(&system.probe_env_id, &format!("/{work_id}/stop")),
             &system.ws_key,
             Some(&json!({"force": true})),
             Duration::from_secs(30),

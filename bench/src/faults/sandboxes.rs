@@ -43,6 +43,11 @@ async fn containers(docker: &Docker, all: bool) -> Vec<bollard::models::Containe
         .unwrap_or_default()
 }
 
+/// The Docker pool's containers (`all`: exited ones too).
+pub async fn pool_containers(docker: &Docker, all: bool) -> Vec<bollard::models::ContainerSummary> {
+    containers(docker, all).await
+}
+
 /// The running containers and live local runners that serve an item.
 pub async fn live(docker: &Docker, local_root: &Path) -> Vec<Live> {
     let mut out = Vec::new();

@@ -43,6 +43,12 @@ pub enum Name {
     PidsExhausted,
     /// Memory Stores larger than their mount, from the start and mid-turn.
     MemoryFull,
+    /// A heartbeat just before its lease expires, and just after.
+    HeartbeatEdge,
+    /// SIGKILL of the Docker supervisor while Sessions' kept sandboxes wait.
+    SupervisorKillKept,
+    /// SIGTERM of the Docker supervisor while Sessions' kept sandboxes wait.
+    SupervisorTermKept,
 }
 
 impl Name {
@@ -143,6 +149,9 @@ pub async fn run(system: &Arc<System>, name: Name) -> anyhow::Result<Outcome> {
         Name::DiskFull => super::exhausted::run(system, &super::exhausted::DISK_CASES).await,
         Name::PidsExhausted => super::exhausted::run(system, &super::exhausted::PIDS_CASES).await,
         Name::MemoryFull => super::memory_full::run(system).await,
+        Name::HeartbeatEdge => super::clock::run(system).await,
+        Name::SupervisorKillKept => super::kept_kills::run(system, libc::SIGKILL).await,
+        Name::SupervisorTermKept => super::kept_kills::run(system, libc::SIGTERM).await,
     }
 }
 

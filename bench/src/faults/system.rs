@@ -123,6 +123,9 @@ pub struct System {
     pub gateway: std::net::IpAddr,
     pub workers: Mutex<Vec<(Launcher, Proc)>>,
     pub warm: Mutex<u32>,
+    /// The Docker supervisor's keep (`MANGO_KEEP_IDLE`) and its runners'
+    /// idle end after an end-of-turn idle; `None`: nothing kept.
+    pub keep_idle: Mutex<Option<(Duration, u32)>>,
     /// Every secret the suite made or saw: no log line may hold one.
     pub secrets: Mutex<Vec<String>>,
     pub http: reqwest::Client,
@@ -217,6 +220,7 @@ impl System {
             gateway,
             workers: Mutex::new(Vec::new()),
             warm: Mutex::new(0),
+            keep_idle: Mutex::new(None),
             secrets: Mutex::new(vec![key.clone()]),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -446,7 +450,7 @@ impl System {
         Ok(reply.body)
     }
 
-    async fn create_environment(&self, name: &str) -> anyhow::Result<String> {
+    pub async fn create_environment(&self, name: &str) -> anyhow::Result<String> {
         let body = json!({"name": name, "config": {"type": "self_hosted"}});
         let env = self
             .expect(reqwest::Method::POST, "/v1/environments", Some(&body), 200)
@@ -514,6 +518,16 @@ impl System {
                     ("MANGO_SANDBOX_TMPFS_MIB".into(), TMPFS_MIB.to_string()),
                     ("MANGO_WARM".into(), self.warm.lock().unwrap().to_string()),
                 ]);
+                if let Some((keep, idle)) = *self.keep_idle.lock().unwrap() {
+                    env.extend([
+                        ("MANGO_KEEP_IDLE".to_string(), keep.as_secs().to_string()),
+                        ("MANGO_IDLE_AFTER_END_TURN_SECONDS".into(), idle.to_string()),
+                    ]);
+                } else {
+                    // The other scenarios' sandboxes go after each activation,
+                    // whatever mango-worker's default keep is.
+                    env.push(("MANGO_KEEP_IDLE".to_string(), "0".to_string()));
+                }
                 ("worker-docker", vec!["docker".into()])
             }
             Launcher::Local => {

@@ -146,6 +146,15 @@ pub struct DockerArgs {
           default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=1800))]
     pub keep_idle_seconds: u64,
+    /// How long each sandbox's runner stays after its Session's
+    /// end-of-turn idle before it ends the activation (the runner's
+    /// `MANGO_IDLE_AFTER_END_TURN_SECONDS`, spec §8: 60 s), put into every
+    /// container's environment when set. Hidden: only tests and the fault
+    /// suite shorten it, so that activations end idle (and sandboxes are
+    /// kept) within their run.
+    #[arg(long = "idle-after-end-turn", env = "MANGO_IDLE_AFTER_END_TURN_SECONDS",
+          hide = true, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub idle_after_end_turn_seconds: Option<u64>,
 }
 
 /// A json-file `max-size`: a whole number and `k`, `m` or `g`.
@@ -905,6 +914,9 @@ impl DockerLauncher {
         }
         let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("MANGO_WORKSPACE={WORKSPACE}"));
+        if let Some(seconds) = self.args.idle_after_end_turn_seconds {
+            env.push(format!("MANGO_IDLE_AFTER_END_TURN_SECONDS={seconds}"));
+        }
         if let Some(egress) = &self.egress {
             env.extend(
                 egress

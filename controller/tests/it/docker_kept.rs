@@ -297,3 +297,68 @@ async fn docker_kept_follow_up_turn_runs_in_the_same_container_as_a_fresh_one(db
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);
     clean(&engine, &pool, &[&session]).await;
 }
+
+/// The supervisor's `MANGO_IDLE_AFTER_END_TURN_SECONDS` reaches every
+/// runner it starts, waiting or not, so that an activation ends idle (and
+/// its sandbox is kept) when the operator says rather than at the runner's
+/// 60 s; unset, the runner's own default stands.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn docker_idle_after_end_turn_reaches_every_runner(db: sqlx::PgPool) {
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let api = engine.api(db, mango_api::Settings::default()).await;
+    let pool = engine::pool("keptidle");
+    let session = format!("sesn_{pool}");
+    let run = pool.rsplit('-').next().unwrap().to_string();
+    clean(&engine, &pool, &[&session]).await;
+    let base = engine::sandbox_base(&api);
+    let env_of = |config: Option<bollard::models::ContainerConfig>| -> Vec<String> {
+        config.and_then(|c| c.env).unwrap_or_default()
+    };
+    let idle_set = |env: &[String]| {
+        env.iter()
+            .filter(|e| e.starts_with("MANGO_IDLE_AFTER_END_TURN_SECONDS="))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    let mut args = engine.args(&api);
+    args.keep_idle_seconds = 45;
+    args.idle_after_end_turn_seconds = Some(3);
+    let launcher = DockerLauncher::connect(&args, &pool).await.unwrap();
+    let waiting = SandboxSpec::for_item(
+        &item(&format!("work_idle1_{run}"), Some(&session)),
+        &pool,
+        &base,
+    );
+    let check = SandboxSpec::for_item(&item(&format!("work_idle2_{run}"), None), &pool, &base);
+    for spec in [&waiting, &check] {
+        let sandbox = launcher.create(spec).await.expect("created");
+        let config = engine
+            .docker
+            .inspect_container(&sandbox.handle, None::<InspectContainerOptions>)
+            .await
+            .unwrap()
+            .config;
+        assert_eq!(
+            idle_set(&env_of(config)),
+            vec!["MANGO_IDLE_AFTER_END_TURN_SECONDS=3".to_string()],
+            "{}",
+            spec.name
+        );
+        launcher.remove(&sandbox).await.unwrap();
+    }
+
+    let launcher = keeping(&engine, &api, &pool, 45).await;
+    let sandbox = launcher.create(&waiting).await.expect("created");
+    let config = engine
+        .docker
+        .inspect_container(&sandbox.handle, None::<InspectContainerOptions>)
+        .await
+        .unwrap()
+        .config;
+    assert!(idle_set(&env_of(config)).is_empty(), "unset: not passed");
+    launcher.remove(&sandbox).await.unwrap();
+    clean(&engine, &pool, &[&session]).await;
+}

@@ -94,6 +94,7 @@ impl Engine {
             log_max_files: 2,
             // Removed after each activation unless a test keeps them.
             keep_idle_seconds: 0,
+            idle_after_end_turn_seconds: None,
         }
     }
 

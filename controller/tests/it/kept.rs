@@ -23,6 +23,10 @@ struct Log {
     removed: Vec<String>,
     /// (handle, the envelope it got)
     delivered: Vec<(String, Envelope)>,
+    /// Every Session a sandbox was made for (its workspace), and the
+    /// workspaces removed since.
+    workspaces: Vec<String>,
+    workspaces_removed: Vec<String>,
 }
 
 /// Sandboxes whose runners wait for envelopes; a handle in `exited` has
@@ -64,7 +68,10 @@ impl Launcher for Waiting {
     }
     async fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
         let handle = format!("h-{}", spec.name);
-        self.log.lock().unwrap().created.push(handle.clone());
+        let mut log = self.log.lock().unwrap();
+        log.created.push(handle.clone());
+        log.workspaces.extend(spec.item.session_id.clone());
+        drop(log);
         let image = self.image.lock().unwrap().clone();
         self.images.lock().unwrap().insert(handle.clone(), image);
         Ok(Sandbox {
@@ -95,9 +102,18 @@ impl Launcher for Waiting {
         Ok(())
     }
     async fn workspaces(&self, _: &str) -> Result<Vec<String>, LaunchError> {
-        Ok(Vec::new())
+        let log = self.log.lock().unwrap();
+        Ok(log
+            .workspaces
+            .iter()
+            .filter(|s| !log.workspaces_removed.contains(s))
+            .cloned()
+            .collect())
     }
-    async fn remove_workspace(&self, _: &str) -> Result<(), LaunchError> {
+    async fn remove_workspace(&self, session_id: &str) -> Result<(), LaunchError> {
+        let mut log = self.log.lock().unwrap();
+        // The sweep must never take a workspace a live sandbox mounts.
+        log.workspaces_removed.push(session_id.to_string());
         Ok(())
     }
     async fn warm_image(&self) -> Result<Option<String>, LaunchError> {
@@ -293,5 +309,52 @@ async fn a_kept_sandbox_of_an_old_image_is_not_reused(db: sqlx::PgPool) {
     assert_ne!(fresh, handle, "a new sandbox, of the new image");
     assert!(launcher.removed(&handle), "the old one is removed");
     assert_eq!(running.metrics.kept_reused.load(Relaxed), 0);
+    running.shutdown().await;
+}
+
+/// A kept sandbox whose Session is deleted goes with the workspace sweep,
+/// before the workspace it mounts; the Session's other sandboxes are gone
+/// already, and nothing is left kept.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_kept_sandbox_of_a_deleted_session_is_removed(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let launcher = Waiting::new();
+    let mut config = config(&api, 1);
+    config.keep_idle = Duration::from_secs(120);
+    config.workspace_sweep_every = Duration::from_millis(300);
+    let running = Running::start(&api, config, launcher.clone()).await;
+    let (session, _) = queued_session(&api).await;
+    let (handle, one) = envelope(&launcher, 0).await;
+    idle_end(&api, &one).await;
+    until("kept", Duration::from_secs(15), async || {
+        running.metrics.kept.load(Relaxed) == 1
+    })
+    .await;
+    // A fault window of three sweeps while the Session lives: its kept
+    // sandbox must stay through them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!launcher.removed(&handle), "kept while its Session lives");
+
+    api.delete_session(&session).await;
+    until(
+        "the kept sandbox of a deleted Session removed",
+        Duration::from_secs(15),
+        async || launcher.removed(&handle),
+    )
+    .await;
+    until(
+        "its workspace removed",
+        Duration::from_secs(15),
+        async || {
+            launcher
+                .log
+                .lock()
+                .unwrap()
+                .workspaces_removed
+                .contains(&session)
+        },
+    )
+    .await;
+    assert_eq!(running.metrics.kept.load(Relaxed), 0, "nothing kept");
     running.shutdown().await;
 }
