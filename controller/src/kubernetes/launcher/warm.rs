@@ -18,11 +18,11 @@ use std::time::Duration;
 
 /// Reads and patches of one binding before it gives up: a Pod's status
 /// changes (a new `resourceVersion`) fail the patch without binding it.
-const BIND_ATTEMPTS: usize = 5;
+pub(super) const BIND_ATTEMPTS: usize = 5;
 
 /// How long ago the Pod started (its creation when it has no start time),
 /// in whole seconds rounded up.
-fn waited(pod: &Pod) -> i64 {
+pub(super) fn waited(pod: &Pod) -> i64 {
     let since = pod
         .status
         .as_ref()
@@ -35,7 +35,7 @@ fn waited(pod: &Pod) -> i64 {
     (millis as i64 + 999) / 1000
 }
 
-fn running(pod: &Pod) -> bool {
+pub(super) fn running(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
