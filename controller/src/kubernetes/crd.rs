@@ -467,6 +467,7 @@ mod tests {
         (2, "9e41fb4737ceac50"),
         (3, "33e1a1c2d34adfeb"),
         (4, "9db887acefbf4951"),
+        (5, "5c76f72fee504936"),
     ];
 
     /// A schema change fails here until the revision is raised, so a

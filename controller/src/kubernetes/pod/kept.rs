@@ -110,3 +110,123 @@ pub fn rebinding(spec: &SandboxSpec, resource_version: &str) -> Value {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubernetes::pod::{sandbox_pod, validate, warm};
+    use mango_protocol::WorkType;
+
+    fn pool(keep_idle: Option<u32>) -> WorkerPool {
+        let mut pool: WorkerPool = serde_json::from_value(json!({
+            "apiVersion": "mango.dev/v1alpha1", "kind": "WorkerPool",
+            "metadata": {"name": "builders", "namespace": "sandboxes", "uid": "uid-1"},
+            "spec": {"environmentId": "env_1", "environmentKeySecret": {"name": "key"}}
+        }))
+        .unwrap();
+        pool.spec.keep_idle = keep_idle;
+        pool
+    }
+
+    fn spec(work_type: WorkType) -> SandboxSpec {
+        let item = ItemIdentity {
+            work_id: "work_1".into(),
+            claim: 3,
+            environment_id: "env_1".into(),
+            session_id: (work_type == WorkType::Session).then(|| "sesn_1".to_string()),
+            work_type,
+        };
+        SandboxSpec::for_item(&item, "builders", "http://api:8081")
+    }
+
+    #[test]
+    fn keep_idle_is_zero_to_thirty_minutes() {
+        for ok in [None, Some(0), Some(1), Some(1800)] {
+            assert_eq!(validate(&pool(ok)), Ok(()), "{ok:?}");
+        }
+        let err = validate(&pool(Some(1801))).unwrap_err();
+        assert_eq!(err.field, "keepIdle");
+        assert_eq!(err.to_string(), "spec.keepIdle: must be 0 to 1800 seconds");
+        assert!(pool(None).spec.keep_idle().is_zero(), "off unless asked");
+    }
+
+    #[test]
+    fn a_keeping_pools_session_pod_waits_on_an_open_stdin_and_names_no_item_in_its_env() {
+        let keeping = pool(Some(300));
+        let pod = sandbox_pod(&keeping, &spec(WorkType::Session), "mango-sandbox:1");
+        let runner = &pod.spec.as_ref().unwrap().containers[0];
+        assert_eq!(runner.stdin_once, Some(false));
+        assert_eq!(
+            runner.command.clone().unwrap(),
+            [
+                RUNNER,
+                "--wait",
+                "--wait-timeout-seconds",
+                "180",
+                "--keep-idle-seconds",
+                "300"
+            ]
+        );
+        let names: Vec<&str> = runner
+            .env
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, ["MANGO_BASE_URL", "MANGO_WORKSPACE"]);
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()[warm::ANNOTATION_TEMPLATE],
+            warm::template(&keeping, "mango-sandbox:1", "http://api:8081"),
+            "compared with the pool's template when its Session's next item comes"
+        );
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()["mango.dev/work-id"],
+            "work_1"
+        );
+        assert!(takes_another_envelope(&pod));
+        let warm_pod = warm::warm_pod(
+            &keeping,
+            "mango-warm-1",
+            "mango-sandbox:1",
+            "http://api:8081",
+        );
+        let command = warm_pod.spec.unwrap().containers[0]
+            .command
+            .clone()
+            .unwrap();
+        assert!(command.ends_with(&["--keep-idle-seconds".into(), "300".into()]));
+    }
+
+    #[test]
+    fn healthchecks_and_pools_that_keep_nothing_keep_stdin_once() {
+        let check = sandbox_pod(&pool(Some(300)), &spec(WorkType::Healthcheck), "img");
+        let session = sandbox_pod(&pool(Some(0)), &spec(WorkType::Session), "img");
+        for pod in [check, session] {
+            let runner = &pod.spec.as_ref().unwrap().containers[0];
+            assert_eq!(runner.stdin_once, Some(true));
+            assert_eq!(runner.command, None, "the image's runner, given its secret");
+            assert!(!takes_another_envelope(&pod));
+            assert!(pod
+                .metadata
+                .annotations
+                .is_none_or(|a| !a.contains_key(warm::ANNOTATION_TEMPLATE)));
+        }
+        let warm_pod = warm::warm_pod(&pool(None), "mango-warm-1", "img", "http://api:8081");
+        let command = warm_pod.spec.unwrap().containers[0]
+            .command
+            .clone()
+            .unwrap();
+        assert!(!command.contains(&"--keep-idle-seconds".to_string()));
+    }
+
+    #[test]
+    fn the_rebinding_names_the_new_item_and_clears_the_hand_off() {
+        let patch = rebinding(&spec(WorkType::Session), "42");
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert_eq!(patch["metadata"]["labels"]["mango.dev/work-id"], "work_1");
+        assert_eq!(patch["metadata"]["labels"]["mango.dev/claim"], "3");
+        assert!(patch["metadata"]["annotations"][ANNOTATION_HANDED_OFF].is_null());
+        assert!(patch["metadata"]["annotations"][ANNOTATION_BOUND_AT].is_string());
+        assert!(patch.get("spec").is_none(), "its deadline is never raised");
+    }
+}
