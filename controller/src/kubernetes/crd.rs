@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
     category = "mango",
     // The revision of this schema (`SCHEMA_REVISION`), which the controller
     // compares with the CRD the cluster serves.
-    annotation("mango.dev/schema", "4"),
+    annotation("mango.dev/schema", "5"),
     // The name is the `mango.dev/pool` label of every sandbox Pod.
     validation = Rule::new("self.metadata.name.size() <= 63").message("a WorkerPool's name is its sandbox Pods' mango.dev/pool label value: at most 63 characters"),
     doc = "A pool of hardened sandbox Pods serving one Mango Environment: one Pod per acknowledged Work item.",
@@ -125,6 +125,14 @@ pub struct WorkerPoolSpec {
     /// Additions to the sandbox Pod. None of them can weaken its hardening.
     #[serde(default)]
     pub pod: PodOverrides,
+    /// Seconds a Session's Pod stays up after an activation that ended
+    /// idle, waiting for that Session's next Work (spec §7.1 kept
+    /// sandboxes), 0 to 1800. Default 0: every Pod goes after its
+    /// activation (a kept Pod's stdin stays open past its first attach;
+    /// see docs/kubernetes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1800))]
+    pub keep_idle: Option<u32>,
     /// Warm Pods: started ahead, identity-less, bound to an item on Ack
     /// (spec §7.1). Absent: every item starts cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,6 +200,13 @@ pub const MAX_WARM_REPLICAS: u32 = 100;
 pub const WARM_MAX_AGE_SECONDS: std::ops::RangeInclusive<u32> = 60..=86400;
 pub const DEFAULT_WARM_MAX_AGE_SECONDS: u32 = 3600;
 
+/// `keepIdle`'s bounds, in seconds (spec §7.1: at most 30 minutes).
+pub const KEEP_IDLE_SECONDS: std::ops::RangeInclusive<u32> = 0..=1800;
+/// No Pod is kept unless the pool asks: a kept Pod's stdin stays open past
+/// its first attach, and a pool whose `image` predates the runner's
+/// `--keep-idle-seconds` would fail every Session item (docs/kubernetes.md).
+pub const DEFAULT_KEEP_IDLE_SECONDS: u32 = 0;
+
 /// How long a Pod may take to be Running when the pool does not say.
 pub const DEFAULT_START_TIMEOUT_SECONDS: u32 = 120;
 
@@ -201,6 +216,14 @@ impl WorkerPoolSpec {
         std::time::Duration::from_secs(u64::from(
             self.start_timeout_seconds
                 .unwrap_or(DEFAULT_START_TIMEOUT_SECONDS),
+        ))
+    }
+
+    /// How long a Session's Pod is kept after an idle end (`keepIdle`);
+    /// zero: none is kept.
+    pub fn keep_idle(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.keep_idle.unwrap_or(DEFAULT_KEEP_IDLE_SECONDS),
         ))
     }
 
@@ -389,7 +412,7 @@ fn conditions(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
 /// an older revision (Helm never upgrades `crds/`) would prune fields this
 /// controller relies on, or admit pools it refuses: the controller then
 /// runs no pool until the CRD is applied.
-pub const SCHEMA_REVISION: u32 = 4;
+pub const SCHEMA_REVISION: u32 = 5;
 pub const SCHEMA_ANNOTATION: &str = "mango.dev/schema";
 /// The CRD's name.
 pub const CRD_NAME: &str = "workerpools.mango.dev";
@@ -444,6 +467,7 @@ mod tests {
         (2, "9e41fb4737ceac50"),
         (3, "33e1a1c2d34adfeb"),
         (4, "9db887acefbf4951"),
+        (5, "5c76f72fee504936"),
     ];
 
     /// A schema change fails here until the revision is raised, so a

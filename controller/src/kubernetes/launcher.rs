@@ -5,13 +5,15 @@
 //! remove it. Create-only calls throughout, so one claim never gets two Pods.
 
 use crate::core::launcher::{
-    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
+    Found, HandOff, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
 };
 use crate::core::naming;
 use crate::core::secret::Secret;
 use crate::kubernetes::crd::WorkerPool;
 use crate::kubernetes::events::{self, PoolEvents};
-use crate::kubernetes::pod::{self, warm as warm_pod, ANNOTATION_HANDED_OFF, CONTAINER};
+use crate::kubernetes::pod::{
+    self, kept as kept_pod, warm as warm_pod, ANNOTATION_HANDED_OFF, CONTAINER,
+};
 use crate::kubernetes::pods::PodStore;
 use crate::kubernetes::validation::{self, InvalidLabel};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -23,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
+mod kept;
 mod warm;
 
 const ENGINE: &str = "Kubernetes API";
@@ -675,5 +678,25 @@ impl Launcher for PodLauncher {
 
     async fn remove_warm(&self, warm: &Warm) -> Result<(), LaunchError> {
         self.remove_unbound(&warm.name).await
+    }
+
+    fn waits(&self, item: &ItemIdentity) -> bool {
+        kept_pod::waits(&self.pool, item)
+    }
+
+    /// The Pod starts by itself once created: this waits until it runs.
+    async fn start_waiting(&self, sandbox: &Sandbox) -> Result<Instant, LaunchError> {
+        self.until_running(sandbox).await
+    }
+
+    /// Not the image's name but the digest of the template the Pod was
+    /// made from, which [`Launcher::warm_image`] gives for the pool now: a
+    /// changed image, pool spec or api URL recycles a kept Pod.
+    async fn image_of(&self, sandbox: &Sandbox) -> Result<Option<String>, LaunchError> {
+        self.template_of(sandbox).await
+    }
+
+    async fn rebind(&self, sandbox: &Sandbox, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
+        self.rebind_kept(sandbox, spec).await
     }
 }

@@ -410,6 +410,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     config.max_concurrency = pool.spec.max_concurrency as usize;
     config.hand_off_bound = start_bound(pool);
     config.warm = pool.spec.warm_replicas();
+    config.keep_idle = pool.spec.keep_idle();
     config.worker_id = format!("{}/{}", ctx.settings.instance, name);
     let stats = mango_client::Client::new(&api, key.expose());
     let supervisor =

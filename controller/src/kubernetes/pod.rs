@@ -7,7 +7,8 @@ use crate::core::launcher::SandboxSpec;
 use crate::core::naming;
 use crate::egress::{url_host, Routing};
 use crate::kubernetes::crd::{
-    AccessMode, PodOverrides, WorkerPool, MAX_WARM_REPLICAS, WARM_MAX_AGE_SECONDS,
+    AccessMode, PodOverrides, WorkerPool, KEEP_IDLE_SECONDS, MAX_WARM_REPLICAS,
+    WARM_MAX_AGE_SECONDS,
 };
 use crate::kubernetes::validation;
 use k8s_openapi::api::core::v1::{
@@ -106,6 +107,18 @@ pub fn validate(pool: &WorkerPool) -> Result<(), InvalidPool> {
             return Err(invalid(
                 "activeDeadlineSeconds",
                 format!("must be 30 to {MAX_POD_INT}"),
+            ));
+        }
+    }
+    if let Some(keep) = spec.keep_idle {
+        if !KEEP_IDLE_SECONDS.contains(&keep) {
+            return Err(invalid(
+                "keepIdle",
+                format!(
+                    "must be {} to {} seconds",
+                    KEEP_IDLE_SECONDS.start(),
+                    KEEP_IDLE_SECONDS.end()
+                ),
             ));
         }
     }
@@ -459,9 +472,27 @@ pub fn sandbox_pod_on(
         .iter()
         .find(|(name, _)| name == "MANGO_BASE_URL")
         .map_or("", |(_, url)| url.as_str());
-    let mut env = sandbox.env.clone();
-    env.extend(egress_env(pool, base_url, &sandbox.item.work_id));
-    build(pool, &sandbox.name, &sandbox.labels, &env, image, workspace)
+    if !kept::waits(pool, &sandbox.item) {
+        let mut env = sandbox.env.clone();
+        env.extend(egress_env(pool, base_url, &sandbox.item.work_id));
+        return build(pool, &sandbox.name, &sandbox.labels, &env, image, workspace);
+    }
+    // It may serve later items of its Session: its environment names none
+    // (the envelope does), and its egress is the pool's, as a warm Pod's.
+    let mut env = vec![("MANGO_BASE_URL".to_string(), base_url.to_string())];
+    env.extend(egress_env(pool, base_url, ""));
+    let mut pod = build(pool, &sandbox.name, &sandbox.labels, &env, image, workspace);
+    kept::make_waiting(&mut pod, pool);
+    // What a kept Pod is compared with when its Session's next item comes
+    // (`Launcher::image_of`): a pool whose spec or image changed recycles it.
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            warm::ANNOTATION_TEMPLATE.to_string(),
+            warm::template(pool, image, base_url),
+        );
+    pod
 }
 
 /// The hardened Pod named `name` with these labels and runner env.
@@ -703,6 +734,7 @@ pub fn hardening_not_stored(sent: &Pod, stored: &Pod) -> Vec<String> {
         .collect()
 }
 
+pub mod kept;
 pub mod warm;
 
 #[cfg(test)]

@@ -152,6 +152,7 @@ fn full_values() -> Value {
             "workspace": {"storageClassName": "fast", "size": "5Gi", "accessMode": "ReadWriteOncePod"},
             "activeDeadlineSeconds": 600,
             "startTimeoutSeconds": 60,
+            "keepIdle": 900,
             "pod": {
                 "labels": {"team": "a"},
                 "annotations": {"note": "x"},
@@ -1277,6 +1278,12 @@ fn the_pool_defaults_to_the_in_cluster_api_and_is_valid() {
     assert_eq!(pool.spec.runtime_class_name.as_deref(), Some("kata"));
     assert_eq!(pool.spec.active_deadline_seconds, Some(600));
     assert_eq!(pool.spec.start_timeout_seconds, Some(60));
+    assert_eq!(pool.spec.keep_idle, Some(900), "pool.keepIdle");
+    assert_eq!(
+        production[0].spec.keep_idle,
+        Some(0),
+        "nothing kept by default"
+    );
     assert_eq!(pool.spec.pod.run_as_user, Some(1000));
     assert_eq!(
         pool.spec.workspace.size.as_ref().map(|q| q.0.as_str()),

@@ -10,7 +10,7 @@ use mango_controller::kubernetes::crd::WorkerPool;
 use mango_testkit::apiserver::{ApiServer, Attached, Options};
 use mango_testkit::TestApp;
 use serde_json::{json, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,6 +45,9 @@ pub fn make_pool(fake: &ApiServer, api: &TestApp, name: &str, key: &str) -> Arc<
 }
 
 pub type Attaches = Arc<Mutex<Vec<Attached>>>;
+
+/// What later attaches write to a running container's open stdin.
+type Stdin = tokio::sync::mpsc::UnboundedSender<Vec<u8>>;
 
 pub fn running(pod: &Value) -> Value {
     let statuses: Vec<Value> = pod["spec"]["containers"]
@@ -82,9 +85,22 @@ pub fn kubelet(
     volumes: PathBuf,
     attaches: Attaches,
 ) -> tokio::task::JoinHandle<()> {
+    kubelet_with(fake, volumes, attaches, Vec::new())
+}
+
+/// [`kubelet`] with `extra` in every runner's environment (the runner's
+/// hidden test knobs, which no pool may set).
+pub fn kubelet_with(
+    fake: Arc<ApiServer>,
+    volumes: PathBuf,
+    attaches: Attaches,
+    extra: Vec<(String, String)>,
+) -> tokio::task::JoinHandle<()> {
+    let extra = Arc::new(extra);
     tokio::spawn(async move {
         let mut started: HashSet<String> = HashSet::new();
         let running_now: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let stdins: Arc<Mutex<HashMap<String, Stdin>>> = Arc::default();
         loop {
             for name in fake.pods() {
                 let Some(pod) = fake.pod(&name) else { continue };
@@ -100,26 +116,47 @@ pub fn kubelet(
             }
             if let Some(attached) = fake.attached(Duration::from_millis(20)).await {
                 attaches.lock().unwrap().push(attached.clone());
-                if !attached.stdin.is_empty() {
-                    running_now.lock().unwrap().insert(attached.pod.clone());
-                    tokio::spawn(run_container(
-                        fake.clone(),
-                        volumes.clone(),
-                        attached,
-                        running_now.clone(),
-                    ));
+                if attached.stdin.is_empty() {
+                    continue;
                 }
+                // A later attach writes to the runner already reading an
+                // open stdin (`stdinOnce: false`): a kept Pod's next envelope.
+                let open = stdins.lock().unwrap().get(&attached.pod).cloned();
+                if let Some(open) = open {
+                    if open.send(attached.stdin.clone()).is_ok() {
+                        continue;
+                    }
+                }
+                running_now.lock().unwrap().insert(attached.pod.clone());
+                let stdin_once = attached.manifest["spec"]["containers"][0]["stdinOnce"] == true;
+                let later = (!stdin_once).then(|| {
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    stdins.lock().unwrap().insert(attached.pod.clone(), tx);
+                    rx
+                });
+                tokio::spawn(run_container(
+                    fake.clone(),
+                    volumes.clone(),
+                    attached,
+                    extra.clone(),
+                    later,
+                    running_now.clone(),
+                ));
             }
         }
     })
 }
 
 /// The container: the runner with the Pod's env and the attach's stdin,
-/// stopped when its Pod is deleted; then its terminated state.
+/// stopped when its Pod is deleted; then its terminated state. With
+/// `later` (`stdinOnce: false`) its stdin stays open for later attaches;
+/// otherwise it closes after the first, as the kubelet closes it.
 pub async fn run_container(
     fake: Arc<ApiServer>,
     volumes: PathBuf,
     attached: Attached,
+    extra: Arc<Vec<(String, String)>>,
+    later: Option<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>,
     running_now: Arc<Mutex<HashSet<String>>>,
 ) {
     let spec = &attached.manifest["spec"];
@@ -157,13 +194,25 @@ pub async fn run_container(
         }
     }
     command.env("MANGO_WORKSPACE", &workspace);
+    for (name, value) in extra.iter() {
+        command.env(name, value);
+    }
     command.env("PATH", std::env::var("PATH").unwrap_or_default());
     let mut child = command.spawn().expect("the runner starts");
+    let mut stdin = child.stdin.take().unwrap();
     {
         use tokio::io::AsyncWriteExt;
-        let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&attached.stdin).await.unwrap();
     }
+    let feeding = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let Some(mut later) = later else { return };
+        while let Some(bytes) = later.recv().await {
+            if stdin.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    });
     let deleted = async {
         while !terminating(&fake, &attached.pod) {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -186,6 +235,7 @@ pub async fn run_container(
                 "finishedAt": "2026-12-01T00:00:01Z"}}}]}),
         );
     }
+    feeding.abort();
     running_now.lock().unwrap().remove(&attached.pod);
 }
 

@@ -214,6 +214,8 @@ fn kubelet(
                     fake.clone(),
                     volumes.clone(),
                     attached,
+                    Arc::default(),
+                    None,
                     running_now.clone(),
                 ));
             }
@@ -231,6 +233,8 @@ fn release(
         fake.clone(),
         volumes,
         attached,
+        Arc::default(),
+        None,
         Arc::default(),
     ))
 }

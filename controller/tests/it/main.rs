@@ -17,6 +17,7 @@ mod k8s_kubelet;
 mod k8s_launcher;
 mod k8s_leader;
 mod k8s_strict;
+mod k8s_strict_kept;
 mod k8s_strict_launcher;
 mod k8s_strict_leader;
 mod k8s_strict_operator;

@@ -4,11 +4,22 @@
 //! have or a Pod with no node). A v5 WebSocket is then accepted by the
 //! stream translator (apiserver/pkg/util/proxy/streamtranslator.go), and
 //! whatever the kubelet fails at afterwards (the container not running,
-//! its stdin not open, stdin already spent by `stdinOnce`, or a failure a
-//! test asks for) arrives as a Failure `Status` on the error channel
-//! (3); Success arrives there once stdin is closed (`[255, 0]`). A v4
-//! WebSocket is proxied to the kubelet as it is, so its failures are the
-//! upgrade's HTTP answer, and closing the WebSocket is its end of stdin.
+//! its stdin not open, or a failure a test asks for) arrives as a Failure
+//! `Status` on the error channel (3); Success arrives there once stdin is
+//! closed (`[255, 0]`). A v4 WebSocket is proxied to the kubelet as it is,
+//! so its failures are the upgrade's HTTP answer, and closing the
+//! WebSocket is its end of stdin.
+//!
+//! `stdinOnce` is no failure: containerd's CRI attach
+//! (internal/cri/io/container_io.go `ContainerIO.Attach`) copies the
+//! attach's stdin into the container's, and with `StdinOnce` (and no tty)
+//! closes the container's stdin once that copy ends, that is when the
+//! first attach detaches. A later attach is accepted as any other; its
+//! copy into the closed pipe fails, which containerd only logs, and the
+//! kubelet's attach ends as a Success. What it wrote reached nothing
+//! ([`Attached::reached`] is false, its `stdin` empty). Without
+//! `stdinOnce` the container's stdin stays open, and every attach's bytes
+//! reach the one process reading it.
 
 use super::errors::ApiError;
 use super::{resources, store, Attached, Shared, V4, V5};
@@ -64,7 +75,7 @@ fn protocols(parts: &Parts) -> Vec<String> {
 }
 
 /// What the kubelet would say of attaching to `container` now, if it fails.
-fn kubelet_refusal(pod: &Value, container: &str, stdin: bool, spent: bool) -> Option<String> {
+fn kubelet_refusal(pod: &Value, container: &str, stdin: bool) -> Option<String> {
     let running = pod["status"]["phase"] == "Running"
         && pod["status"]["containerStatuses"]
             .as_array()
@@ -84,11 +95,6 @@ fn kubelet_refusal(pod: &Value, container: &str, stdin: bool, spent: bool) -> Op
     if stdin && spec["stdin"] != json!(true) {
         return Some(format!(
             "unable to upgrade connection: stdin is not enabled for container {container}"
-        ));
-    }
-    if stdin && spent {
-        return Some(format!(
-            "unable to upgrade connection: the stdin of container {container} was closed by an earlier attach (stdinOnce)"
         ));
     }
     None
@@ -147,10 +153,7 @@ pub async fn serve(
         .into_response();
     };
     let key = (namespace.clone(), name.clone(), container.clone());
-    let refusal = {
-        let state = shared.lock();
-        kubelet_refusal(&pod, &container, stdin, state.stdin_spent.contains(&key))
-    };
+    let refusal = kubelet_refusal(&pod, &container, stdin);
     // v4 reaches the kubelet itself: its refusal is the upgrade's answer.
     if *protocol == V4 {
         if let Some(why) = refusal.clone() {
@@ -232,22 +235,26 @@ async fn session(
         Some(status)
     };
     let (namespace, pod, _) = key.clone();
-    let manifest = {
+    let (manifest, reached) = {
         let mut state = shared.lock();
+        // An earlier attach closed a `stdinOnce` stdin: nothing reaches it.
+        let reached = delivered && !state.stdin_spent.contains(&key);
         if stdin && stdin_once && delivered {
             state.stdin_spent.insert(key);
         }
-        state
+        let manifest = state
             .store
             .get(store::table(&resources::PODS), &namespace, &pod)
             .cloned()
-            .unwrap_or(Value::Null)
+            .unwrap_or(Value::Null);
+        (manifest, reached)
     };
     let _ = shared.attached.send(Attached {
         pod,
         namespace,
         query,
-        stdin: if delivered { received } else { Vec::new() },
+        stdin: if reached { received } else { Vec::new() },
+        reached,
         manifest,
         protocol,
         status: sent,

@@ -72,8 +72,13 @@ pub struct Attached {
     pub namespace: String,
     /// The attach's query string (`stdin=true&container=…`).
     pub query: String,
-    /// Everything written to stdin before it was closed.
+    /// Everything written to stdin before it was closed that reached the
+    /// container's stdin.
     pub stdin: Vec<u8>,
+    /// Whether what was written reached the container: not when the attach
+    /// failed first, nor after an earlier attach closed a `stdinOnce`
+    /// stdin (the kubelet still reports Success then; see [`attach`]).
+    pub reached: bool,
     /// The Pod as stored when the attach ended.
     pub manifest: Value,
     /// The channel protocol the attach spoke.

@@ -18,11 +18,11 @@ use std::time::Duration;
 
 /// Reads and patches of one binding before it gives up: a Pod's status
 /// changes (a new `resourceVersion`) fail the patch without binding it.
-const BIND_ATTEMPTS: usize = 5;
+pub(super) const BIND_ATTEMPTS: usize = 5;
 
 /// How long ago the Pod started (its creation when it has no start time),
 /// in whole seconds rounded up.
-fn waited(pod: &Pod) -> i64 {
+pub(super) fn waited(pod: &Pod) -> i64 {
     let since = pod
         .status
         .as_ref()
@@ -35,7 +35,7 @@ fn waited(pod: &Pod) -> i64 {
     (millis as i64 + 999) / 1000
 }
 
-fn running(pod: &Pod) -> bool {
+pub(super) fn running(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
@@ -260,7 +260,7 @@ impl PodLauncher {
             return Ok(SandboxExit::Gone);
         };
         let age = Duration::from_secs(waited(&pod).max(0) as u64);
-        if !running(&pod) && !self.until_running(name, age).await {
+        if !running(&pod) && !self.runs_within_start_bound(name, age).await {
             return Ok(SandboxExit::Gone);
         }
         let left = self.pool.spec.warm_max_age().saturating_sub(age);
@@ -289,7 +289,7 @@ impl PodLauncher {
     /// supervisor stopped while making it, maybe before its PVC was made,
     /// and then it is Pending for good. Counted ready meanwhile, it would
     /// hold a place in the pool until its `warm.maxAge`.
-    async fn until_running(&self, name: &str, age: Duration) -> bool {
+    async fn runs_within_start_bound(&self, name: &str, age: Duration) -> bool {
         let left = self.pool.spec.start_timeout().saturating_sub(age);
         let mut seen = false;
         let started = tokio::time::timeout(

@@ -26,6 +26,7 @@ fn pool() -> WorkerPool {
             active_deadline_seconds: None,
             start_timeout_seconds: None,
             pod: PodOverrides::default(),
+            keep_idle: None,
             warm: None,
             egress: None,
         },

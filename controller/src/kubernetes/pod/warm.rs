@@ -90,14 +90,17 @@ fn unannotated(pool: &WorkerPool, name: &str, image: &str, base_url: &str) -> Po
     // the wait so far plus the item's deadline.
     spec.active_deadline_seconds = Some(item_deadline(pool) + runner_wait(pool).as_secs() as i64);
     let runner = &mut spec.containers[0];
-    runner.command = Some(vec![
+    let mut command = vec![
         RUNNER.to_string(),
         "--wait".to_string(),
         "--wait-timeout-seconds".to_string(),
         runner_wait(pool).as_secs().to_string(),
-    ]);
-    // The envelope comes by an attach once the Pod runs; a kept sandbox
-    // would take another by a second attach.
+    ];
+    // Bound to a Session of a pool that keeps, it may be kept.
+    command.extend(super::kept::keep_args(pool));
+    runner.command = Some(command);
+    // The envelope comes by an attach once the Pod runs; a kept one takes
+    // its Session's next by a second attach.
     runner.stdin_once = Some(false);
     pod
 }
