@@ -214,6 +214,20 @@ impl Api {
             .map(drop)
     }
 
+    /// Deletes Session `session`, and with it its Work: none is made for it
+    /// again.
+    pub async fn delete_session(&self, session: &str) -> anyhow::Result<()> {
+        let reply = self
+            .http
+            .delete(format!("{}/sessions/{session}", self.v1()))
+            .bearer_auth(&self.ws_key)
+            .send()
+            .await?;
+        expect(reply, StatusCode::OK, "delete session")
+            .await
+            .map(drop)
+    }
+
     /// Creates an idle Session of `agent` in `environment_id`; returns its id.
     pub async fn create_session(
         &self,

@@ -1,9 +1,10 @@
 //! The interleaved cases: each its own Environment (so no supervisor polls
 //! another case's Work) and what serves it: the supervisor core in this
-//! process with the Docker launcher (cold, or with a warm pool) or the
-//! local one, or the bench dispatching each item to the official Python
-//! SDK's `EnvironmentWorker.handle_item()` in a new process, as the SDK's
-//! per-item mode (`ant worker poll --on-work`) does.
+//! process with the Docker launcher (cold, with a warm pool, or keeping
+//! Sessions' sandboxes) or the local one, or the bench dispatching each
+//! item to the official Python SDK's `EnvironmentWorker.handle_item()` in a
+//! new process, as the SDK's per-item mode (`ant worker poll --on-work`)
+//! does.
 
 use super::turn::Watched;
 use super::Environment;
@@ -25,11 +26,22 @@ const DONE_TIMEOUT: Duration = Duration::from_secs(60);
 const REFILL_TIMEOUT: Duration = Duration::from_secs(120);
 /// An SDK worker exits within this after its Work was stopped.
 const SDK_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// A kept case's last activation ends idle, and its sandbox is kept,
+/// within this after the turn's end (the runner's idle end, then the
+/// claims watch).
+const KEPT_TIMEOUT: Duration =
+    Duration::from_secs(super::kept_image::IDLE_AFTER_END_TURN_SECONDS + 60);
 
 /// What serves a case's Work.
 pub enum Server {
     /// The supervisor core in this process; `warm` sandboxes kept ready.
     Core { running: InProcess, warm: usize },
+    /// The core keeping Sessions' sandboxes after an idle end: every turn
+    /// is a follow-up of `session`, whose first turn (cold) is not a sample.
+    Kept {
+        running: InProcess,
+        session: Option<String>,
+    },
     /// The bench polls and acks, and starts `python driver` per item.
     Sdk { python: PathBuf, driver: PathBuf },
 }
@@ -43,7 +55,8 @@ pub struct Case {
     /// Poll → the runner's first heartbeat of each measured turn (the
     /// supervisor's `polled` stamp to the api's `started_at`), ms.
     pub first_beat: Vec<f64>,
-    /// Measured turns of a warm case that did not bind a warm sandbox.
+    /// Measured turns of a warm or kept case that did not bind a warm or
+    /// kept sandbox.
     pub went_cold: usize,
     /// Every Session this case made (their workspaces are removed at the end).
     pub sessions: Vec<String>,
@@ -53,7 +66,8 @@ pub struct Case {
 struct Measured {
     ttfi_ms: f64,
     first_beat_ms: Option<f64>,
-    warm: bool,
+    /// A warm or kept sandbox served it.
+    reused: bool,
 }
 
 impl Case {
@@ -69,18 +83,33 @@ impl Case {
         }
     }
 
-    /// One turn of a new Session; with `measured`, its figures are kept.
+    /// One turn of a new Session (the kept case: a follow-up turn of its
+    /// Session); with `measured`, its figures are kept.
     pub async fn turn(&mut self, bench: &Bench, agent: &str, measured: bool) -> anyhow::Result<()> {
         let (label, env, sessions) = (self.label, &self.env, &mut self.sessions);
-        let figures = match &self.server {
+        let figures = match &mut self.server {
             Server::Core { running, warm } => {
                 core_turn(bench, agent, label, env, sessions, running, *warm).await?
+            }
+            Server::Kept { running, session } => {
+                let session = match session {
+                    Some(session) => session.clone(),
+                    None => {
+                        let first = first_of_kept(bench, agent, env, sessions).await?;
+                        session.insert(first).clone()
+                    }
+                };
+                kept_turn(bench, label, env, running, session).await?
             }
             Server::Sdk { python, driver } => {
                 sdk_turn(bench, agent, label, env, sessions, python, driver).await?
             }
         };
-        let warm = matches!(self.server, Server::Core { warm, .. } if warm > 0);
+        let reuses = match &self.server {
+            Server::Core { warm, .. } => *warm > 0,
+            Server::Kept { .. } => true,
+            Server::Sdk { .. } => false,
+        };
         println!(
             "ttfi: {}: {} turn: TTFI {:8.1} ms{}{}",
             self.label,
@@ -90,8 +119,8 @@ impl Case {
                 .first_beat_ms
                 .map(|b| format!(", poll → first heartbeat {b:7.1} ms"))
                 .unwrap_or_default(),
-            if warm && !figures.warm {
-                " (no warm sandbox bound: started cold)"
+            if reuses && !figures.reused {
+                " (no warm or kept sandbox bound: started cold)"
             } else {
                 ""
             }
@@ -99,7 +128,7 @@ impl Case {
         if measured {
             self.ttfi.push(figures.ttfi_ms);
             self.first_beat.extend(figures.first_beat_ms);
-            if warm && !figures.warm {
+            if reuses && !figures.reused {
                 self.went_cold += 1;
             }
         }
@@ -148,7 +177,7 @@ async fn core_turn(
     Ok(Measured {
         ttfi_ms,
         first_beat_ms,
-        warm: stamps.get(Stage::Bound).is_some() && stamps.get(Stage::Created).is_none(),
+        reused: stamps.get(Stage::Bound).is_some() && stamps.get(Stage::Created).is_none(),
     })
 }
 
@@ -235,8 +264,72 @@ async fn sdk_turn(
     Ok(Measured {
         ttfi_ms,
         first_beat_ms: None,
-        warm: false,
+        reused: false,
     })
+}
+
+/// The kept case's Session and its first turn (a cold sandbox, not a
+/// sample), which ends at the runner's idle end with the sandbox kept.
+async fn first_of_kept(
+    bench: &Bench,
+    agent: &str,
+    env: &Environment,
+    sessions: &mut Vec<String>,
+) -> anyhow::Result<String> {
+    let mut watched = Watched::open(bench, &env.api, agent, &env.id).await?;
+    sessions.push(watched.session.clone());
+    let outcome = async {
+        let sent = watched.send(&env.api).await?;
+        watched.first_result(sent).await?;
+        watched.until_idle().await
+    }
+    .await;
+    let session = watched.session.clone();
+    watched.close(bench);
+    outcome?;
+    Ok(session)
+}
+
+/// A follow-up turn of `session` once its sandbox is kept, as a follow-up
+/// that comes after the last activation's idle end finds it. Its Work is
+/// left to end idle, so the sandbox is kept again for the next turn.
+async fn kept_turn(
+    bench: &Bench,
+    label: &str,
+    env: &Environment,
+    running: &InProcess,
+    session: String,
+) -> anyhow::Result<Measured> {
+    until_kept(running, label).await?;
+    let reused_before = running.metrics.kept_reused.load(Relaxed);
+    let mut watched = Watched::again(bench, session);
+    let outcome = async {
+        let sent = watched.send(&env.api).await?;
+        let ttfi_ms = watched.first_result(sent).await?;
+        watched.until_idle().await?;
+        anyhow::Ok(ttfi_ms)
+    }
+    .await;
+    watched.close(bench);
+    Ok(Measured {
+        ttfi_ms: outcome?,
+        first_beat_ms: None,
+        // Counted once the kept sandbox took the envelope, before any tool ran.
+        reused: running.metrics.kept_reused.load(Relaxed) > reused_before,
+    })
+}
+
+/// Until the kept case's Session has its sandbox kept.
+async fn until_kept(running: &InProcess, label: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while running.metrics.kept.load(Relaxed) < 1 {
+        if started.elapsed() > KEPT_TIMEOUT {
+            bail!("{label}: no sandbox kept {KEPT_TIMEOUT:?} after the last turn");
+        }
+        // A poll interval inside the deadline above.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// The Work the Session's message made (its first).
@@ -250,7 +343,11 @@ async fn first_work(bench: &Bench, session: &str) -> anyhow::Result<String> {
 
 /// Until the in-process core's warm pool is full: each warm turn starts
 /// from the steady state, as the next Session on an idle pool would.
-async fn until_warm(running: &InProcess, target: usize, label: &str) -> anyhow::Result<()> {
+pub(super) async fn until_warm(
+    running: &InProcess,
+    target: usize,
+    label: &str,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     while (running.metrics.warm_ready.load(Relaxed).max(0) as usize) < target {
         if started.elapsed() > REFILL_TIMEOUT {

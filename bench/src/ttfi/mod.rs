@@ -5,16 +5,21 @@
 //! `user.tool_result`, as the api publishes it.
 //!
 //! Cases, interleaved turn by turn (each a new Session, its first
-//! activation), each on its own Environment:
+//! activation, but for the kept case), each on its own Environment:
 //! * Docker cold: the supervisor core in this process, `--warm 0`;
 //! * Docker warm: the same with a warm pool (`--ttfi-warm`), full before
 //!   each turn; also poll → first heartbeat (the supervisor's `polled`
 //!   stamp to the api's `started_at`) p50/p99;
+//! * Docker kept: the core keeping Sessions' sandboxes (`--keep-idle`);
+//!   each turn is a follow-up of one Session, sent once its last
+//!   activation ended idle and its sandbox is kept (see [`kept_image`] for
+//!   how the bench shortens the runner's wait for that idle end);
 //! * local: the core with the local launcher (`mango-worker local`);
 //! * SDK: the bench polls and acks, and starts the official Python SDK's
 //!   `EnvironmentWorker.handle_item()` per item (the peer baseline);
-//! * Docker kept (follow-up turns) and Kubernetes Ack → delivered: `n/a`,
-//!   with the reason, where this build has no such sandboxes.
+//!
+//! Then the Kubernetes launcher against the strict fake apiserver
+//! ([`k8s`]): Ack → delivered, cold and warm.
 //!
 //! Then `mango-worker docker` as its own process: its RSS idle without a
 //! pool and with a pool of `--ttfi-burst` (20) full, and that many new
@@ -24,6 +29,8 @@
 
 mod burst;
 mod cases;
+mod k8s;
+mod kept_image;
 mod turn;
 
 use crate::harness::Bench;
@@ -49,10 +56,10 @@ const TARGET_RSS_MIB: f64 = 30.0;
 /// The most `--ttfi-burst` and `--ttfi-warm` may ask for: `--warm`'s bound.
 pub const MAX_WARM: usize = 100;
 
-/// Why the kept case cannot run on this build.
-const KEPT_NA: &str = "this build has no kept sandboxes (issue 26 item 3): a follow-up turn always starts a new sandbox";
-/// Why the Kubernetes case cannot run on this build.
-const K8S_NA: &str = "the Kubernetes launcher makes no warm Pods in this build (it keeps the default warm half: every item cold)";
+const TARGET_K8S_DELIVERED_P50_MS: f64 = 15.0;
+/// How long the kept case's sandboxes wait for their Session's next
+/// envelope: far longer than a round of the other cases.
+const KEEP_IDLE: Duration = Duration::from_secs(300);
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -120,9 +127,11 @@ pub struct TtfiResult {
     pub cold_beat: Option<Spread>,
     pub warm: Option<Spread>,
     pub warm_beat: Option<Spread>,
+    pub kept: Option<Spread>,
     pub local: Spread,
     pub sdk: Option<Spread>,
     pub burst: Option<burst::BurstResult>,
+    pub k8s: k8s::KubeResult,
 }
 
 fn na(v: Option<f64>, digits: usize) -> String {
@@ -135,13 +144,15 @@ impl TtfiResult {
         let p50 = |s: &Option<Spread>| s.map(|s| s.p50);
         let burst = self.burst.as_ref();
         format!(
-            "ttfi_cold_p50_ms={} ttfi_warm_p50_ms={} ttfi_kept_p50_ms=n/a ttfi_sdk_p50_ms={} warm_first_beat_p50_ms={} warm_first_beat_p99_ms={} burst20_max_ms={} k8s_warm_delivered_p50_ms=n/a supervisor_warm_rss_mib={}",
+            "ttfi_cold_p50_ms={} ttfi_warm_p50_ms={} ttfi_kept_p50_ms={} ttfi_sdk_p50_ms={} warm_first_beat_p50_ms={} warm_first_beat_p99_ms={} burst20_max_ms={} k8s_warm_delivered_p50_ms={} supervisor_warm_rss_mib={}",
             na(p50(&self.cold), 1),
             na(p50(&self.warm), 1),
+            na(p50(&self.kept), 1),
             na(p50(&self.sdk), 1),
             na(p50(&self.warm_beat), 1),
             na(self.warm_beat.map(|s| s.p99), 1),
             na(burst.map(|b| b.max_ms), 1),
+            na(p50(&self.k8s.warm), 2),
             na(burst.map(|b| b.warm_rss_mib), 2),
         )
     }
@@ -222,6 +233,7 @@ pub async fn run(
         None => String::new(),
     };
     let mut docker_pools = Vec::new();
+    let mut kept_image = None;
     if let Some(env) = &docker {
         let args = docker_args(&env.image, &sandbox_base)?;
         for (label, warm) in [("docker cold", 0), ("docker warm", opts.warm)] {
@@ -244,6 +256,31 @@ pub async fn run(
                 Server::Core { running, warm },
             ));
         }
+        let image = kept_image::derive(&env.docker, &env.image).await?;
+        kept_image = Some(image.clone());
+        let pool = crate::supervisor::pool("ttfi-kept");
+        let launcher = DockerLauncher::connect(&docker_args(&image, &sandbox_base)?, &pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .with_keep_idle(KEEP_IDLE);
+        let environment = Environment::new(bench, "docker kept").await;
+        let mut config = config(bench, &sandbox_base, &pool, 2);
+        config.environment_id = environment.id.clone();
+        config.warm = 0;
+        config.keep_idle = KEEP_IDLE;
+        // The idle end is read sooner, so the sandbox is kept sooner
+        // (between turns, not measured).
+        config.claims_every = Duration::from_millis(500);
+        let running = InProcess::start_with_key(bench, config, launcher, &environment.key).await?;
+        docker_pools.push(pool);
+        cases.push(Case::new(
+            "docker kept",
+            environment,
+            Server::Kept {
+                running,
+                session: None,
+            },
+        ));
     }
     {
         let runner = beside_me("mango-runner")?;
@@ -290,7 +327,7 @@ pub async fn run(
             sessions,
             ..
         } = case;
-        if let Server::Core { running, .. } = server {
+        if let Server::Core { running, .. } | Server::Kept { running, .. } = server {
             if let Err(err) = running.shutdown().await {
                 println!("ttfi: {label}: {err:#}");
                 failure.get_or_insert(err);
@@ -313,6 +350,9 @@ pub async fn run(
         }
         let pools: Vec<&str> = docker_pools.iter().map(String::as_str).collect();
         clean(&env.docker, &pools, &[]).await;
+        if let Some(image) = &kept_image {
+            kept_image::remove(&env.docker, image).await;
+        }
     }
     if let Some(err) = failure {
         return Err(err);
@@ -323,18 +363,23 @@ pub async fn run(
             .find(|(label, ..)| *label == name)
             .and_then(|(_, ttfi, beat, ..)| Spread::of(if beats { beat } else { ttfi }))
     };
-    let warm_cold = finished
-        .iter()
-        .find(|(label, ..)| *label == "docker warm")
-        .map(|(.., went_cold, _)| *went_cold);
+    let went_cold = |name: &str| {
+        finished
+            .iter()
+            .find(|(label, ..)| *label == name)
+            .map(|(.., went_cold, _)| *went_cold)
+    };
+    let went_cold = (went_cold("docker warm"), went_cold("docker kept"));
     let mut result = TtfiResult {
         cold: spread_of("docker cold", false),
         cold_beat: spread_of("docker cold", true),
         warm: spread_of("docker warm", false),
         warm_beat: spread_of("docker warm", true),
+        kept: spread_of("docker kept", false),
         local: spread_of("local", false).context("the local case has no samples")?,
         sdk: spread_of("sdk", false),
         burst: None,
+        k8s: k8s::run(bench, &agent, opts).await?,
     };
     if let Some(env) = &docker {
         let sandboxes = burst::Sandboxes {
@@ -355,7 +400,7 @@ pub async fn run(
             .await?,
         );
     }
-    report(&result, warm_cold, opts);
+    report(&result, went_cold, opts);
     println!("ttfi: load average at the end {}", load());
     Ok(result)
 }
@@ -378,7 +423,9 @@ async fn interleave(
     Ok(())
 }
 
-fn report(r: &TtfiResult, warm_went_cold: Option<usize>, opts: &Options) {
+/// `went_cold`: how many measured turns of the warm and of the kept case
+/// found no sandbox to reuse.
+fn report(r: &TtfiResult, went_cold: (Option<usize>, Option<usize>), opts: &Options) {
     let cold = r.cold.map(|s| s.p50);
     match r.cold {
         Some(c) => println!("ttfi: docker cold: TTFI {c}"),
@@ -395,7 +442,7 @@ fn report(r: &TtfiResult, warm_went_cold: Option<usize>, opts: &Options) {
                 vs(w.p50, cold, "ms"),
                 verdict(cold.is_some_and(|c| w.p50 <= TARGET_WARM_RATIO * c))
             );
-            if let Some(n) = warm_went_cold {
+            if let Some(n) = went_cold.0 {
                 println!(
                     "ttfi: docker warm: {} of {} measured turns bound a warm sandbox",
                     w.n - n,
@@ -413,7 +460,24 @@ fn report(r: &TtfiResult, warm_went_cold: Option<usize>, opts: &Options) {
             verdict(b.p99 <= TARGET_WARM_BEAT_P99_MS)
         );
     }
-    println!("ttfi: docker kept: n/a: {KEPT_NA} (target p50 ≤ {TARGET_KEPT_RATIO}× Docker cold)");
+    match r.kept {
+        Some(k) => {
+            println!(
+                "ttfi: docker kept (follow-up turns, runner idle end after {} s): TTFI {k} {} (target ≤ {TARGET_KEPT_RATIO}×): {}",
+                kept_image::IDLE_AFTER_END_TURN_SECONDS,
+                vs(k.p50, cold, "ms"),
+                verdict(cold.is_some_and(|c| k.p50 <= TARGET_KEPT_RATIO * c))
+            );
+            if let Some(n) = went_cold.1 {
+                println!(
+                    "ttfi: docker kept: {} of {} measured turns were served by the Session's kept sandbox",
+                    k.n - n,
+                    k.n
+                );
+            }
+        }
+        None => println!("ttfi: docker kept: n/a (no Docker engine or image; see above)"),
+    }
     println!(
         "ttfi: local: TTFI {} {}",
         r.local,
@@ -435,7 +499,7 @@ fn report(r: &TtfiResult, warm_went_cold: Option<usize>, opts: &Options) {
         }
         (None, _) => println!("ttfi: sdk: n/a (see above)"),
     }
-    println!("ttfi: kubernetes warm/kept Ack → delivered: n/a: {K8S_NA}");
+    k8s::report(&r.k8s, TARGET_K8S_DELIVERED_P50_MS);
     match &r.burst {
         Some(b) => {
             println!(
@@ -510,9 +574,15 @@ mod tests {
             cold_beat: None,
             warm: None,
             warm_beat: None,
+            kept: None,
             local: s(50.0),
             sdk: Some(s(900.0)),
             burst: None,
+            k8s: k8s::KubeResult {
+                cold: None,
+                warm: None,
+                warm_went_cold: 0,
+            },
         };
         assert_eq!(
             r.line(),
@@ -522,6 +592,7 @@ mod tests {
             cold: Some(s(600.0)),
             warm: Some(s(80.0)),
             warm_beat: Some(s(20.0)),
+            kept: Some(s(45.34)),
             burst: Some(burst::BurstResult {
                 sessions: 20,
                 warm_bound: 20,
@@ -529,11 +600,31 @@ mod tests {
                 cold_rss_mib: 10.0,
                 warm_rss_mib: 21.5,
             }),
+            k8s: k8s::KubeResult {
+                cold: Some(s(30.0)),
+                warm: Some(s(4.126)),
+                warm_went_cold: 0,
+            },
             ..r
         };
         assert_eq!(
             r.line(),
-            "ttfi_cold_p50_ms=600.0 ttfi_warm_p50_ms=80.0 ttfi_kept_p50_ms=n/a ttfi_sdk_p50_ms=900.0 warm_first_beat_p50_ms=20.0 warm_first_beat_p99_ms=40.0 burst20_max_ms=1234.6 k8s_warm_delivered_p50_ms=n/a supervisor_warm_rss_mib=21.50"
+            "ttfi_cold_p50_ms=600.0 ttfi_warm_p50_ms=80.0 ttfi_kept_p50_ms=45.3 ttfi_sdk_p50_ms=900.0 warm_first_beat_p50_ms=20.0 warm_first_beat_p99_ms=40.0 burst20_max_ms=1234.6 k8s_warm_delivered_p50_ms=4.13 supervisor_warm_rss_mib=21.50"
         );
+    }
+
+    #[test]
+    fn spreads_are_nearest_rank_percentiles_of_the_samples() {
+        assert!(Spread::of(&[]).is_none(), "no samples, no figure");
+        let one = Spread::of(&[7.0]).unwrap();
+        assert_eq!((one.p50, one.p90, one.p99, one.n), (7.0, 7.0, 7.0, 1));
+        // 1..=30 in reverse: the sort is the spread's, not the caller's.
+        let samples: Vec<f64> = (1..=30).rev().map(f64::from).collect();
+        let s = Spread::of(&samples).unwrap();
+        assert_eq!((s.p50, s.p90, s.p99, s.n), (15.0, 27.0, 30.0, 30));
+        let mut hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        hundred.swap(0, 99);
+        let h = Spread::of(&hundred).unwrap();
+        assert_eq!((h.p50, h.p90, h.p99), (50.0, 90.0, 99.0));
     }
 }

@@ -30,6 +30,12 @@ impl Watched {
     /// A new Session of `agent` in `env_id`, watched before anything is sent.
     pub async fn open(bench: &Bench, api: &Api, agent: &str, env_id: &str) -> anyhow::Result<Self> {
         let session = api.create_session(agent, env_id).await?;
+        Ok(Watched::again(bench, session))
+    }
+
+    /// Session `session` watched from now on, for a follow-up turn: what it
+    /// published before is not seen.
+    pub fn again(bench: &Bench, session: String) -> Self {
         let (tx, events) = mpsc::unbounded_channel();
         let reader = admissions(
             bench,
@@ -41,11 +47,11 @@ impl Watched {
             ],
             tx,
         );
-        Ok(Watched {
+        Watched {
             session,
             events,
             reader,
-        })
+        }
     }
 
     /// Sends the turn's `user.message`; the instant the send returned.

@@ -1,6 +1,6 @@
-//! The stages of one item, each timed: polled, acked, a warm sandbox
-//! bound (or a cold one created and started), secret delivered, sandbox
-//! gone. Durations between them go to
+//! The stages of one item, each timed: polled, acked, a warm or kept
+//! sandbox bound (or a cold one created and started), secret delivered,
+//! sandbox gone. Durations between them go to
 //! the stage histograms; the whole record to one debug line per item.
 
 use std::time::Instant;
@@ -9,7 +9,8 @@ use std::time::Instant;
 pub enum Stage {
     Polled,
     Acked,
-    /// A warm sandbox was taken and bound to the item (no create, no start).
+    /// A warm or kept sandbox was taken and bound to the item (no create,
+    /// no start).
     Bound,
     Created,
     Started,

@@ -511,7 +511,10 @@ impl<L: Launcher> Shared<L> {
         let spec = SandboxSpec::for_item(item, &self.config.pool, &self.config.sandbox_base_url);
         self.settle_earlier_items_of(item).await;
         let (mut sandbox, mut via) = match self.take_kept(&spec).await {
-            Some(sandbox) => (sandbox, Via::Kept),
+            Some(sandbox) => {
+                stamps.mark(Stage::Bound);
+                (sandbox, Via::Kept)
+            }
             None => self.make_sandbox(item, &spec, stamps).await?,
         };
         // After a cancellation, no secret is delivered.

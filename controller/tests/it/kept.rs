@@ -221,6 +221,12 @@ async fn an_idle_end_keeps_the_sandbox_for_the_sessions_next_work(db: sqlx::PgPo
         running.metrics.kept.load(Relaxed) == 1
     })
     .await;
+    // Both items are done: the first was created, the second bound.
+    let stages = running.metrics.render();
+    for (stage, count) in [("created", 1), ("bound", 1)] {
+        let line = format!("mango_supervisor_stage_seconds_count{{stage=\"{stage}\"}} {count}");
+        assert!(stages.contains(&line), "{line}: {stages}");
+    }
     launcher.exited.send_modify(|e| {
         e.insert(handle.clone());
     });
