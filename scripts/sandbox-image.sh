@@ -81,6 +81,19 @@ else
   [ -x "$RUNNER_BIN" ] || die "cargo did not produce $RUNNER_BIN"
 fi
 
+# --- What the runner supports -------------------------------------------------
+# The supervisor keeps a Session's container for its next activation only when
+# the image says its runner takes --keep-idle-seconds (an older one refuses it
+# and would never start): asked of the runner itself, so an older binary given
+# in MANGO_RUNNER_BIN is not labelled as one that does.
+KEEP_LABEL=()
+runner_help="$("$RUNNER_BIN" --help 2>&1 || true)"
+if grep -q -- '--keep-idle-seconds' <<<"$runner_help"; then
+  KEEP_LABEL=(--change "LABEL org.mango.sandbox.runner-keep-idle=1")
+else
+  say "this runner predates kept sandboxes (no --keep-idle-seconds): the image is not labelled to keep"
+fi
+
 # --- What goes in: host paths, resolved ---------------------------------------
 # Each entry is a path as a program names it (a tool from PATH, a library as
 # ldd shows it, the loader); copy_path recreates the symlinks on the way.
@@ -266,6 +279,7 @@ docker import \
   --change "LABEL org.mango.sandbox.script-sha256=$script_sha" \
   --change "LABEL org.mango.sandbox.host-sha256=$host_sha" \
   --change "LABEL org.mango.sandbox.runner-build=$BUILD" \
+  "${KEEP_LABEL[@]}" \
   --message "mango sandbox image (scripts/sandbox-image.sh)" \
   "$TAR" "$TAG" >/dev/null
 rm -rf "$WORK"

@@ -275,13 +275,15 @@ pub trait Launcher: Send + Sync + 'static {
     // The kept half (spec §7.1). The defaults mean "nothing is kept": every
     // sandbox is removed after its activation.
 
-    /// Whether the sandbox this launcher makes for `item` (cold, or warm and
-    /// bound) runs a runner that takes one envelope per activation and, after
-    /// an idle end, waits for its Session's next: then it is started with
+    /// Whether `sandbox` (made cold, or warm and bound) runs a runner that
+    /// takes one envelope per activation and, after an idle end, waits for
+    /// its Session's next: then, made cold, it is started with
     /// [`Launcher::start_waiting`] and gets [`Launcher::deliver`], never
-    /// [`Launcher::hand_off`], and may be kept. Never for a healthcheck.
-    fn waits(&self, item: &ItemIdentity) -> bool {
-        let _ = item;
+    /// [`Launcher::hand_off`], and it may be kept. Asked of the sandbox, not
+    /// of its item: whether its runner can wait is its image's to say.
+    /// Never for a healthcheck.
+    fn waits(&self, sandbox: &Sandbox) -> bool {
+        let _ = sandbox;
         false
     }
 

@@ -549,7 +549,7 @@ impl<L: Launcher> Shared<L> {
         }
         self.observer.observe(Happening::Launched(&sandbox));
         let _ = verdict.borrow_and_update();
-        let keepable = self.keeps(item);
+        let keepable = self.keeps(&sandbox);
         Ok(self.watch(&sandbox, verdict, stamps, keepable).await)
     }
 
@@ -589,7 +589,7 @@ impl<L: Launcher> Shared<L> {
     ) -> Option<String> {
         let item = &sandbox.item;
         let bound = self.hand_off_bound(item, stamps);
-        let waiting_cold = via == Via::Cold && self.launcher.waits(item);
+        let waiting_cold = via == Via::Cold && self.launcher.waits(sandbox);
         if via == Via::Cold && !waiting_cold {
             let secret = Secret::new(secret.expose().to_string());
             let handed = tokio::time::timeout(bound, self.launcher.hand_off(sandbox, secret)).await;
@@ -623,11 +623,11 @@ impl<L: Launcher> Shared<L> {
         }
     }
 
-    /// Whether `item`'s sandbox may be kept after an idle end.
-    fn keeps(&self, item: &ItemIdentity) -> bool {
+    /// Whether `sandbox` may be kept after its item's idle end.
+    fn keeps(&self, sandbox: &Sandbox) -> bool {
         !self.config.keep_idle.is_zero()
-            && item.work_type == WorkType::Session
-            && self.launcher.waits(item)
+            && sandbox.item.work_type == WorkType::Session
+            && self.launcher.waits(sandbox)
     }
 
     /// Before an item of a Session with another live item here takes a
@@ -1163,7 +1163,7 @@ impl<L: Launcher> Shared<L> {
                         }
                         // One that waits, not to be kept, would wait on
                         // with nothing to deliver: it goes now.
-                        Verdict::Kept if self.launcher.waits(&sandbox.item) => {
+                        Verdict::Kept if self.launcher.waits(sandbox) => {
                             tracing::info!(%work_id, sandbox = %sandbox.name, "its activation ended idle; its sandbox is not kept, removing it");
                             break Outcome::Finished;
                         }

@@ -46,14 +46,16 @@ use bollard::query_parameters::{
 };
 use bollard::Docker;
 use futures::StreamExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 pub mod fence;
 mod host;
+pub mod runner_image;
 pub mod workspace;
 use workspace::{WorkspaceSize, Workspaces};
 
@@ -64,6 +66,8 @@ const WORKSPACE: &str = "/workspace";
 const MEMORY_ROOT: &str = mango_protocol::memory::DEFAULT_MOUNT_ROOT;
 /// The runner in the sandbox image (its `CMD`).
 const RUNNER: &str = "/usr/local/bin/mango-runner";
+/// The runner's flag that keeps it for a next envelope after an idle end.
+const KEEP_FLAG: &str = "--keep-idle-seconds";
 /// The prefix of a warm container's first name and of its workspace volume.
 const WARM_PREFIX: &str = "mango-warm-";
 /// On a binding record: the volume that is the workspace.
@@ -138,12 +142,13 @@ pub struct DockerArgs {
     pub log_max_files: u32,
     /// How long a Session's container waits, after an activation that ended
     /// idle, for the Session's next (spec §7.1), in seconds; 0 removes every
-    /// container after its activation. At most 1800; 600
-    /// ([`crate::core::config::KEEP_IDLE`]) is the keep docs/supervisor.md
-    /// recommends. Off by default while the sandbox image's runner may
-    /// predate `--keep-idle-seconds` (it would refuse to start).
+    /// container after its activation. At most 1800; by default 600
+    /// ([`crate::core::config::KEEP_IDLE`]). Only containers of an image
+    /// labelled [`runner_image::LABEL_RUNNER_KEEPS`] are kept: an older
+    /// image's runner would refuse the flag, so its containers start the
+    /// old way.
     #[arg(long = "keep-idle", env = "MANGO_KEEP_IDLE",
-          default_value_t = 0,
+          default_value_t = crate::core::config::KEEP_IDLE.as_secs(),
           value_parser = clap::value_parser!(u64).range(0..=1800))]
     pub keep_idle_seconds: u64,
     /// How long each sandbox's runner stays after its Session's
@@ -178,9 +183,15 @@ pub struct DockerLauncher {
     network: FencedNetwork,
     /// The egress proxy sandboxes are pointed at, when the pool allows any.
     egress: Option<crate::egress::Routing>,
-    /// With a keep (spec §7.1), Session containers run the runner in its
-    /// waiting mode, taking a next envelope after an idle end.
+    /// With a keep (spec §7.1), Session containers of an image whose
+    /// runner can be kept run it in its waiting mode, taking a next
+    /// envelope after an idle end.
     keep_idle: Option<Duration>,
+    /// What each image's runner supports, read once per image id.
+    images: runner_image::RunnerImages,
+    /// The containers whose runner waits for a next envelope after an idle
+    /// end (made so here, or adopted running so).
+    waiting: Mutex<HashSet<String>>,
 }
 
 /// The bounded workspaces `args` ask for, or why they cannot be had here.
@@ -277,6 +288,12 @@ fn volume_mount(source: String) -> Mount {
 }
 
 /// The binding record of the bound warm container `handle`.
+/// Whether a container whose command line is `command` (as the engine
+/// lists it) runs a runner kept after an idle end.
+fn runs_kept(command: Option<&str>) -> bool {
+    command.is_some_and(|c| c.split_whitespace().any(|word| word == KEEP_FLAG))
+}
+
 fn record_name(handle: &str) -> String {
     format!("mango-bound-{}", &handle[..handle.len().min(12)])
 }
@@ -538,6 +555,8 @@ impl DockerLauncher {
             network,
             egress: None,
             keep_idle: None,
+            images: runner_image::RunnerImages::default(),
+            waiting: Mutex::default(),
         }
         .with_keep_idle(Duration::from_secs(args.keep_idle_seconds)))
     }
@@ -560,11 +579,12 @@ impl DockerLauncher {
         self
     }
 
-    /// The runner's command line in a container that waits for envelopes.
-    fn waiting_cmd(&self) -> Vec<String> {
+    /// The runner's command line in a container that waits for envelopes;
+    /// `keeps`: after an idle end it waits for the next one too.
+    fn waiting_cmd(&self, keeps: bool) -> Vec<String> {
         let mut cmd = vec![RUNNER.to_string(), "--wait".to_string()];
-        if let Some(keep) = self.keep_idle {
-            cmd.push("--keep-idle-seconds".to_string());
+        if let Some(keep) = self.keep_idle.filter(|_| keeps) {
+            cmd.push(KEEP_FLAG.to_string());
             cmd.push(keep.as_secs().max(1).to_string());
         }
         cmd
@@ -770,10 +790,25 @@ impl DockerLauncher {
     }
 
     async fn image_id(&self) -> Result<String, LaunchError> {
+        self.sandbox_image().await.map(|(id, _)| id)
+    }
+
+    /// The pool's image now (its id) and whether its runner can be kept.
+    async fn sandbox_image(&self) -> Result<(String, bool), LaunchError> {
         match self.docker.inspect_image(&self.args.image).await {
-            Ok(image) => image
-                .id
-                .ok_or_else(|| LaunchError::Failed("the engine named no image id".into())),
+            Ok(image) => {
+                let id = image
+                    .id
+                    .ok_or_else(|| LaunchError::Failed("the engine named no image id".into()))?;
+                let keeps = match self.images.known(&id) {
+                    Some(keeps) => keeps,
+                    None => {
+                        let labels = image.config.and_then(|c| c.labels);
+                        self.images.learn(&self.args.image, &id, labels.as_ref())
+                    }
+                };
+                Ok((id, keeps))
+            }
             Err(err) if status_of(&err) == Some(404) => Err(LaunchError::Missing(format!(
                 "the sandbox image {} does not exist: build it with scripts/sandbox-image.sh",
                 self.args.image
@@ -785,7 +820,13 @@ impl DockerLauncher {
     /// A warm container: the hardened container of [`Self::container`],
     /// with no identity, its runner waiting for an envelope on a stdin
     /// that stays open, and a fresh workspace volume.
-    fn warm_container(&self, image: &str, volume: &str, owner: &str) -> ContainerCreateBody {
+    fn warm_container(
+        &self,
+        image: &str,
+        keeps: bool,
+        volume: &str,
+        owner: &str,
+    ) -> ContainerCreateBody {
         let spec = SandboxSpec {
             name: volume.to_string(),
             item: crate::core::launcher::ItemIdentity {
@@ -810,9 +851,34 @@ impl DockerLauncher {
         };
         let mut body = self.container(&spec, Some(volume_mount(volume.to_string())));
         body.image = Some(image.to_string());
-        body.cmd = Some(self.waiting_cmd());
+        body.cmd = Some(self.waiting_cmd(keeps));
         body.stdin_once = Some(false);
         body
+    }
+
+    /// Whether a container made now for `item` is kept after an idle end,
+    /// and the image to make it of: a Session's, with a keep, of an image
+    /// whose runner takes it (pinned by id, so the image read is the one
+    /// run, even when the tag is rebuilt meanwhile).
+    async fn keeping_image(
+        &self,
+        item: &crate::core::launcher::ItemIdentity,
+    ) -> Result<Option<String>, LaunchError> {
+        if self.keep_idle.is_none() || item.session_id.is_none() {
+            return Ok(None);
+        }
+        let (id, keeps) = self.sandbox_image().await?;
+        Ok(keeps.then_some(id))
+    }
+
+    /// Notes whether the container `handle`'s runner waits after an idle end.
+    fn note_waiting(&self, handle: &str, waits: bool) {
+        let mut waiting = self.waiting.lock().expect("waiting lock");
+        if waits {
+            waiting.insert(handle.to_string());
+        } else {
+            waiting.remove(handle);
+        }
     }
 
     /// This pool's containers, running or not, with one more label when given.
@@ -888,12 +954,14 @@ impl DockerLauncher {
             )
             .await;
         match removed {
-            Ok(()) => Ok(()),
-            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            Ok(()) => {}
+            Err(err) if status_of(&err) == Some(404) => {}
             // 409: a removal already in progress; it will finish.
-            Err(err) if status_of(&err) == Some(409) => Ok(()),
-            Err(err) => Err(launch_error(err)),
+            Err(err) if status_of(&err) == Some(409) => {}
+            Err(err) => return Err(launch_error(err)),
         }
+        self.note_waiting(handle, false);
+        Ok(())
     }
 
     /// The container a spec becomes.
@@ -1002,6 +1070,9 @@ impl Launcher for DockerLauncher {
                     .names
                     .and_then(|n| n.into_iter().next())
                     .map(|n| n.trim_start_matches('/').to_string())?;
+                if let Some(handle) = &c.id {
+                    self.note_waiting(handle, runs_kept(c.command.as_deref()));
+                }
                 Some(Found {
                     running: c.state == Some(ContainerSummaryStateEnum::RUNNING),
                     sandbox: Sandbox {
@@ -1022,7 +1093,8 @@ impl Launcher for DockerLauncher {
             ),
             None => None,
         };
-        let body = if self.waits(&spec.item) {
+        let keeping = self.keeping_image(&spec.item).await?;
+        let body = if let Some(image) = &keeping {
             // Its identity comes with each envelope, never in its
             // environment, which Docker cannot change when it is rebound.
             let waiting = SandboxSpec {
@@ -1037,7 +1109,8 @@ impl Launcher for DockerLauncher {
                 ..spec.clone()
             };
             let mut body = self.container(&waiting, workspace);
-            body.cmd = Some(self.waiting_cmd());
+            body.image = Some(image.clone());
+            body.cmd = Some(self.waiting_cmd(true));
             body.stdin_once = Some(false);
             body
         } else {
@@ -1054,11 +1127,14 @@ impl Launcher for DockerLauncher {
             )
             .await;
         match created {
-            Ok(c) => Ok(Sandbox {
-                name: spec.name.clone(),
-                handle: c.id,
-                item: spec.item.clone(),
-            }),
+            Ok(c) => {
+                self.note_waiting(&c.id, keeping.is_some());
+                Ok(Sandbox {
+                    name: spec.name.clone(),
+                    handle: c.id,
+                    item: spec.item.clone(),
+                })
+            }
             Err(err) if status_of(&err) == Some(409) => {
                 Err(LaunchError::AlreadyExists(spec.name.clone()))
             }
@@ -1181,7 +1257,8 @@ impl Launcher for DockerLauncher {
 
     async fn create_warm(&self, owner: &str) -> Result<Warm, LaunchError> {
         use rand::Rng;
-        let image = self.image_id().await?;
+        let (image, keeps) = self.sandbox_image().await?;
+        let keeps = keeps && self.keep_idle.is_some();
         let name = format!("{WARM_PREFIX}{:016x}", rand::thread_rng().gen::<u64>());
         let labels = HashMap::from([
             (naming::LABEL_POOL.to_string(), self.pool.clone()),
@@ -1200,7 +1277,7 @@ impl Launcher for DockerLauncher {
                     name: Some(name.clone()),
                     ..Default::default()
                 }),
-                self.warm_container(&image, &name, owner),
+                self.warm_container(&image, keeps, &name, owner),
             )
             .await;
         let handle = match created {
@@ -1210,6 +1287,7 @@ impl Launcher for DockerLauncher {
                 return Err(launch_error(err));
             }
         };
+        self.note_waiting(&handle, keeps);
         let warm = Warm {
             name,
             handle,
@@ -1243,6 +1321,7 @@ impl Launcher for DockerLauncher {
                     .names
                     .and_then(|n| n.into_iter().next())
                     .map(|n| n.trim_start_matches('/').to_string())?;
+                self.note_waiting(&handle, runs_kept(c.command.as_deref()));
                 Some(Warm {
                     image: c.image_id.unwrap_or_default(),
                     name,
@@ -1375,8 +1454,11 @@ impl Launcher for DockerLauncher {
         }
     }
 
-    fn waits(&self, item: &crate::core::launcher::ItemIdentity) -> bool {
-        self.keep_idle.is_some() && item.session_id.is_some()
+    fn waits(&self, sandbox: &Sandbox) -> bool {
+        self.waiting
+            .lock()
+            .expect("waiting lock")
+            .contains(&sandbox.handle)
     }
 
     async fn start_waiting(&self, sandbox: &Sandbox) -> Result<Instant, LaunchError> {

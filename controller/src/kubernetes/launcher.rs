@@ -5,7 +5,7 @@
 //! remove it. Create-only calls throughout, so one claim never gets two Pods.
 
 use crate::core::launcher::{
-    Found, HandOff, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
+    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec, Warm,
 };
 use crate::core::naming;
 use crate::core::secret::Secret;
@@ -680,8 +680,8 @@ impl Launcher for PodLauncher {
         self.remove_unbound(&warm.name).await
     }
 
-    fn waits(&self, item: &ItemIdentity) -> bool {
-        kept_pod::waits(&self.pool, item)
+    fn waits(&self, sandbox: &Sandbox) -> bool {
+        kept_pod::waits(&self.pool, &sandbox.item)
     }
 
     /// The Pod starts by itself once created: this waits until it runs.

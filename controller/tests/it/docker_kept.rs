@@ -84,8 +84,8 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
     let base = engine::sandbox_base(&api);
 
     let first = SandboxSpec::for_item(&item(&work("1"), Some(&session)), &pool, &base);
-    assert!(launcher.waits(&first.item));
     let sandbox = launcher.create(&first).await.expect("created");
+    assert!(launcher.waits(&sandbox));
     let inspected = engine
         .docker
         .inspect_container(&sandbox.handle, None::<InspectContainerOptions>)
@@ -109,8 +109,8 @@ async fn docker_kept_container_waits_and_rebinds_to_the_next_item(db: sqlx::PgPo
     );
 
     let check = SandboxSpec::for_item(&item(&work("check"), None), &pool, &base);
-    assert!(!launcher.waits(&check.item), "a healthcheck's never waits");
     let checked = launcher.create(&check).await.expect("created");
+    assert!(!launcher.waits(&checked), "a healthcheck's never waits");
     let check_config = engine
         .docker
         .inspect_container(&checked.handle, None::<InspectContainerOptions>)
@@ -296,6 +296,152 @@ async fn docker_kept_follow_up_turn_runs_in_the_same_container_as_a_fresh_one(db
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(running.shutdown().await, RunEnd::Shutdown);
     clean(&engine, &pool, &[&session]).await;
+}
+
+/// The test image with its kept label gone: its root filesystem exported
+/// and imported again with the same user, paths, environment and command,
+/// as an image built before kept sandboxes is (its runner is today's, but
+/// the launcher goes by the label alone).
+fn unlabelled_copy(engine: &Engine, tag: &str) -> String {
+    let image = format!("mango-sandbox-test:{tag}");
+    let script = format!(
+        r#"set -e; c=$(docker create "{from}"); trap 'docker rm "$c" >/dev/null' EXIT
+docker export "$c" | docker import --change 'USER 65534:65534' --change 'WORKDIR /workspace' \
+  --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' --change 'ENV HOME=/workspace' \
+  --change 'ENV LANG=C.UTF-8' --change 'CMD ["/usr/local/bin/mango-runner"]' - "{image}" >/dev/null"#,
+        from = engine.image
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "the unlabelled copy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    image
+}
+
+/// Keeping is on by default, so it must be safe for an image built before
+/// it: only an image labelled `org.mango.sandbox.runner-keep-idle=1` gets
+/// Session containers that wait (`--keep-idle-seconds`, which an older
+/// runner refuses). An unlabelled one's start the old way (identity in the
+/// environment, the bare secret on a one-shot stdin, no keep), and a
+/// Session's turn runs in one.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn docker_kept_only_images_labelled_so_are_kept(db: sqlx::PgPool) {
+    use crate::support::{config, end_activation, turn, two_bash_turns, Running};
+    use mango_controller::docker::runner_image::{LABEL_RUNNER_KEEPS, RUNNER_KEEPS};
+    use std::time::Duration;
+
+    let Some(engine) = engine::engine().await else {
+        return;
+    };
+    let labels = engine
+        .docker
+        .inspect_image(&engine.image)
+        .await
+        .unwrap()
+        .config
+        .and_then(|c| c.labels)
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get(LABEL_RUNNER_KEEPS).map(String::as_str),
+        Some(RUNNER_KEEPS),
+        "scripts/sandbox-image.sh labels an image whose runner can be kept"
+    );
+    let model = mango_testkit::ScriptedModel::start(two_bash_turns("echo OLD-WAY", "true")).await;
+    let api = engine
+        .api(
+            db,
+            mango_api::Settings {
+                model_base_url: Some(model.base.clone()),
+                ..Default::default()
+            },
+        )
+        .await;
+    let pool = engine::pool("keptlabel");
+    let run = pool.rsplit('-').next().unwrap().to_string();
+    let unlabelled = unlabelled_copy(&engine, &format!("unlabelled-{run}"));
+    let mut args = engine.args(&api);
+    args.image = unlabelled.clone();
+    args.keep_idle_seconds = 300;
+    let launcher = DockerLauncher::connect(&args, &pool).await.unwrap();
+    let base = engine::sandbox_base(&api);
+    let session = format!("sesn_{pool}");
+    clean(&engine, &pool, &[&session]).await;
+    let spec = SandboxSpec::for_item(
+        &item(&format!("work_label_{run}"), Some(&session)),
+        &pool,
+        &base,
+    );
+    let sandbox = launcher.create(&spec).await.expect("created");
+    assert!(
+        !launcher.waits(&sandbox),
+        "an unlabelled image's never waits"
+    );
+    let config_of = |handle: String| {
+        let docker = engine.docker.clone();
+        async move {
+            docker
+                .inspect_container(&handle, None::<InspectContainerOptions>)
+                .await
+                .unwrap()
+                .config
+                .unwrap()
+        }
+    };
+    let made = config_of(sandbox.handle.clone()).await;
+    assert_eq!(
+        made.cmd,
+        Some(vec!["/usr/local/bin/mango-runner".to_string()])
+    );
+    assert_eq!(made.stdin_once, Some(true), "the bare secret, once");
+    assert!(
+        made.env
+            .unwrap_or_default()
+            .iter()
+            .any(|e| e == &format!("MANGO_WORK_ID=work_label_{run}")),
+        "its identity in its environment, as before"
+    );
+    launcher.remove(&sandbox).await.unwrap();
+
+    let mut supervisor = config(&api, 2);
+    supervisor.sandbox_base_url = base;
+    supervisor.pool = pool.clone();
+    supervisor.keep_idle = Duration::from_secs(300);
+    let running = Running::start(&api, supervisor, launcher).await;
+    let session = mango_testkit::turns::session_with_tools(
+        &api,
+        serde_json::json!([{"type": "agent_toolset_20260401"}]),
+    )
+    .await;
+    turn(&api, &session, "run", "OLD-WAY", Duration::from_secs(120)).await;
+    let serving = engine.containers(&pool).await;
+    assert_eq!(serving.len(), 1, "{serving:?}");
+    let served = config_of(serving[0].id.clone().unwrap()).await;
+    assert_eq!(
+        served.cmd,
+        Some(vec!["/usr/local/bin/mango-runner".to_string()]),
+        "started the old way, never told to keep"
+    );
+    end_activation(&api, &session).await;
+    let left = engine.until_empty(&pool, Duration::from_secs(20)).await;
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(
+        running.shutdown().await,
+        mango_controller::core::supervisor::RunEnd::Shutdown
+    );
+    clean(&engine, &pool, &[&session]).await;
+    let _ = engine
+        .docker
+        .remove_image(
+            &unlabelled,
+            None::<bollard::query_parameters::RemoveImageOptions>,
+            None,
+        )
+        .await;
 }
 
 /// The supervisor's `MANGO_IDLE_AFTER_END_TURN_SECONDS` reaches every

@@ -424,7 +424,7 @@ async fn a_second_attach_reaches_a_kept_pod_and_not_a_stdin_once_one() {
 
     // A healthcheck of the same pool: one hand-off, stdinOnce.
     let check = keeping.create(&spec_of("work_c1", None)).await.unwrap();
-    assert!(!keeping.waits(&check.item));
+    assert!(!keeping.waits(&check));
     assert_eq!(
         fake.pod(&check.name).unwrap()["spec"]["containers"][0]["stdinOnce"],
         true
@@ -465,7 +465,7 @@ async fn a_kept_pod_is_rebound_once_and_never_when_it_cannot_serve() {
         .create(&spec_of("work_r1", Some("sesn_r")))
         .await
         .unwrap();
-    assert!(first.waits(&kept.item));
+    assert!(first.waits(&kept));
     running_status(&fake, &kept.name, &now);
     assert_eq!(
         first.image_of(&kept).await.unwrap(),
@@ -534,7 +534,7 @@ async fn a_kept_pod_is_rebound_once_and_never_when_it_cannot_serve() {
         .create(&spec_of("work_p1", Some("sesn_p")))
         .await
         .unwrap();
-    assert!(!plain.waits(&cold.item));
+    assert!(!plain.waits(&cold));
     running_status(&fake, &cold.name, &now);
     let refused = first
         .rebind(&cold, &spec_of("work_p2", Some("sesn_p")))

@@ -5,7 +5,7 @@
 use crate::support::{config, queued_session, until, Running};
 use mango_client::Client;
 use mango_controller::core::launcher::{
-    Found, HandOff, ItemIdentity, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
+    Found, HandOff, LaunchError, Launcher, Sandbox, SandboxExit, SandboxSpec,
 };
 use mango_controller::core::secret::Secret;
 use mango_protocol::envelope::Envelope;
@@ -122,8 +122,8 @@ impl Launcher for Waiting {
     async fn image_of(&self, sandbox: &Sandbox) -> Result<Option<String>, LaunchError> {
         Ok(self.images.lock().unwrap().get(&sandbox.handle).cloned())
     }
-    fn waits(&self, item: &ItemIdentity) -> bool {
-        item.session_id.is_some()
+    fn waits(&self, sandbox: &Sandbox) -> bool {
+        sandbox.item.session_id.is_some()
     }
     async fn start_waiting(&self, _: &Sandbox) -> Result<Instant, LaunchError> {
         Ok(Instant::now())
@@ -315,6 +315,119 @@ async fn a_kept_sandbox_of_an_old_image_is_not_reused(db: sqlx::PgPool) {
     assert_ne!(fresh, handle, "a new sandbox, of the new image");
     assert!(launcher.removed(&handle), "the old one is removed");
     assert_eq!(running.metrics.kept_reused.load(Relaxed), 0);
+    running.shutdown().await;
+}
+
+/// Kept sandboxes hold no slot and serve their own Session only: with
+/// `max_concurrency` 1 and Session A's sandbox kept, Session B's Work gets
+/// a sandbox of its own at once (not A's); keeping B's then evicts A's
+/// (at most `max_concurrency` are kept); a healthcheck's is never kept.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn kept_sandboxes_hold_no_slot_serve_one_session_and_are_bounded(db: sqlx::PgPool) {
+    let api = TestApp::start(db).await;
+    let launcher = Waiting::new();
+    let mut config = config(&api, 1);
+    config.keep_idle = Duration::from_secs(120);
+    let running = Running::start(&api, config, launcher.clone()).await;
+    let (_, _) = queued_session(&api).await;
+    let (a, one) = envelope(&launcher, 0).await;
+    idle_end(&api, &one).await;
+    until("A's kept", Duration::from_secs(15), async || {
+        running.metrics.kept.load(Relaxed) == 1
+    })
+    .await;
+
+    let (_, b_work) = queued_session(&api).await;
+    let (b, two) = envelope(&launcher, 1).await;
+    assert_eq!(two.work_id, b_work);
+    assert_ne!(b, a, "another Session's Work never gets A's sandbox");
+    assert!(
+        !launcher.removed(&a),
+        "A's waits on: it held no slot B needed"
+    );
+    assert_eq!(launcher.log.lock().unwrap().created.len(), 2);
+
+    idle_end(&api, &two).await;
+    until("A's evicted by B's", Duration::from_secs(15), async || {
+        launcher.removed(&a)
+    })
+    .await;
+    assert_eq!(running.metrics.kept.load(Relaxed), 1, "B's alone is kept");
+    assert!(!launcher.removed(&b));
+
+    Client::new(&api.base, &api.ws_key)
+        .create_healthcheck(&api.env_id)
+        .await
+        .unwrap();
+    let check = created(&launcher, 3).await;
+    until("the check's removed", Duration::from_secs(15), async || {
+        launcher.removed(&check)
+    })
+    .await;
+    assert_eq!(
+        running.metrics.kept.load(Relaxed),
+        1,
+        "the check's not kept"
+    );
+    assert!(!launcher.removed(&b), "nor did it take B's place");
+    running.shutdown().await;
+}
+
+/// The handle of the `n`th sandbox created, once it is.
+async fn created(launcher: &Waiting, n: usize) -> String {
+    until(
+        &format!("sandbox {n} created"),
+        Duration::from_secs(15),
+        async || launcher.log.lock().unwrap().created.len() >= n,
+    )
+    .await;
+    launcher.log.lock().unwrap().created[n - 1].clone()
+}
+
+/// A lost lease is never kept: an activation whose runner stopped
+/// heartbeating (its lease expired and Poll reclaims it) has its sandbox
+/// removed at once, not kept for the Session's next.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_lost_lease_removes_the_sandbox_and_never_keeps_it(db: sqlx::PgPool) {
+    let api = TestApp::start_with(
+        db,
+        mango_api::Settings {
+            default_ttl_seconds: 2,
+            caller_plays_model: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let launcher = Waiting::new();
+    let mut config = config(&api, 1);
+    config.keep_idle = Duration::from_secs(120);
+    let running = Running::start(&api, config, launcher.clone()).await;
+    let (_, _) = queued_session(&api).await;
+    let (handle, one) = envelope(&launcher, 0).await;
+    holder_of(&api, &one)
+        .heartbeat(&api.env_id, &one.work_id, None, None)
+        .await
+        .expect("the first beat");
+    // No more beats: the lease of 2 s runs out.
+    until(
+        "removed on the lost lease",
+        Duration::from_secs(20),
+        async || launcher.removed(&handle),
+    )
+    .await;
+    assert_eq!(
+        running.metrics.kept.load(Relaxed),
+        0,
+        "a lost lease never keeps"
+    );
+    let late = holder_of(&api, &one)
+        .stop_idle(&api.env_id, &one.work_id)
+        .await;
+    assert!(
+        late.is_err(),
+        "the lost claim's idle Stop is refused: {late:?}"
+    );
+    assert_eq!(running.metrics.kept.load(Relaxed), 0);
     running.shutdown().await;
 }
 

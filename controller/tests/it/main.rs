@@ -6,6 +6,7 @@ mod docker_api_flood;
 mod docker_egress;
 mod docker_isolation;
 mod docker_kept;
+mod docker_kept_invariants;
 mod docker_memory;
 mod docker_warm;
 mod egress;
