@@ -41,7 +41,34 @@ impl Cluster {
             admin_url: String::new(),
         };
         cluster.admin_url = cluster.pg(&["start"]).await?;
+        cluster.durable_commits().await?;
         Ok(cluster)
+    }
+
+    /// `synchronous_commit = on`, as a production server has it. The
+    /// development cluster turns it off for speed, and then an immediate
+    /// stop loses the last commits the api already streamed: a runner holds
+    /// a tool call the restarted database never had, and its result is
+    /// refused. The suite tests what a production database promises.
+    async fn durable_commits(&self) -> anyhow::Result<()> {
+        use sqlx::Connection;
+        let mut db = sqlx::PgConnection::connect(&self.admin_url)
+            .await
+            .context("connecting to the suite's cluster")?;
+        sqlx::raw_sql("ALTER SYSTEM SET synchronous_commit = on; SELECT pg_reload_conf()")
+            .execute(&mut db)
+            .await
+            .context("setting synchronous_commit")?;
+        db.close().await?;
+        let mut db = sqlx::PgConnection::connect(&self.admin_url).await?;
+        let (setting,): (String,) = sqlx::query_as("SHOW synchronous_commit")
+            .fetch_one(&mut db)
+            .await?;
+        anyhow::ensure!(
+            setting == "on",
+            "the suite's cluster has synchronous_commit = {setting}"
+        );
+        Ok(())
     }
 
     /// Stops it with `mode` and starts it again on the same port.
