@@ -41,7 +41,7 @@ pub async fn run(system: &Arc<System>) -> anyhow::Result<Outcome> {
     let key = system.create_key(Some(&id)).await?.0;
     let env = ClockEnv { id, key };
     let s = system.clone();
-    let found: Arc<Mutex<(Verdict, Vec<(String, f64)>)>> = Arc::default();
+    let found: Arc<Mutex<Found>> = Arc::default();
     let out = found.clone();
     let mut outcome = scenarios::frame(
         system,
@@ -77,7 +77,13 @@ struct LeaseRow {
 }
 
 async fn lease(system: &System, work_id: &str) -> anyhow::Result<LeaseRow> {
-    let (expires, renewed, epoch, now): (Option<DateTime<Utc>>, Option<DateTime<Utc>>, i64, DateTime<Utc>) =
+    type Row = (
+        Option<DateTime<Utc>>,
+        Option<DateTime<Utc>>,
+        i64,
+        DateTime<Utc>,
+    );
+    let (expires, renewed, epoch, now): Row =
         sqlx::query_as(
             "SELECT lease_expires_at, COALESCE(latest_heartbeat_at, acknowledged_at), claim_epoch, now()
              FROM work WHERE id = $1",
@@ -114,18 +120,24 @@ async fn until_edge(system: &System, work_id: &str, before: f64) -> anyhow::Resu
     }
 }
 
+/// The scenario's verdict and the reclaims it measured, filled in by its fault.
+type Found = (Verdict, Vec<(String, f64)>);
+
+/// What the poller claimed, and when (by the database's clock).
+type Claims = Arc<Mutex<Vec<(Held, DateTime<Utc>)>>>;
+
 /// A supervisor of the clock Environment: polls all along, acks what it
 /// claims and keeps it (with its token) for the scenario to judge.
 struct Poller {
     stop: Arc<AtomicBool>,
-    claims: Arc<Mutex<Vec<(Held, DateTime<Utc>)>>>,
+    claims: Claims,
     task: tokio::task::JoinHandle<Vec<String>>,
 }
 
 impl Poller {
     fn start(system: &Arc<System>, env: &ClockEnv) -> Poller {
         let stop: Arc<AtomicBool> = Arc::default();
-        let claims: Arc<Mutex<Vec<(Held, DateTime<Utc>)>>> = Arc::default();
+        let claims: Claims = Arc::default();
         let (s, env, halt, got) = (system.clone(), env.clone(), stop.clone(), claims.clone());
         let task = tokio::spawn(async move {
             let mut failures = Vec::new();
