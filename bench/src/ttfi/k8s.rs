@@ -42,7 +42,7 @@ const DELIVERED_TIMEOUT: Duration = Duration::from_secs(30);
 /// Session was deleted.
 const DONE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Why there is no kept figure.
-pub const KEPT_NA: &str = "the Kubernetes launcher keeps no Pods in this build (its `waits` is false for every item): a Session's next activation gets a new Pod";
+pub const KEPT_NA: &str = "not measured: a Pod is kept only after its runner's idle end, and this bench's kubelet runs no runner (k8s_strict_kept tests keeping with a real one)";
 
 pub struct KubeResult {
     pub cold: Option<Spread>,

@@ -153,6 +153,7 @@ fn full_values() -> Value {
             "activeDeadlineSeconds": 600,
             "startTimeoutSeconds": 60,
             "keepIdle": 900,
+            "warm": {"replicas": 3, "maxAge": 600},
             "pod": {
                 "labels": {"team": "a"},
                 "annotations": {"note": "x"},
@@ -1279,6 +1280,13 @@ fn the_pool_defaults_to_the_in_cluster_api_and_is_valid() {
     assert_eq!(pool.spec.active_deadline_seconds, Some(600));
     assert_eq!(pool.spec.start_timeout_seconds, Some(60));
     assert_eq!(pool.spec.keep_idle, Some(900), "pool.keepIdle");
+    assert_eq!(pool.spec.warm_replicas(), 3, "pool.warm.replicas");
+    assert_eq!(
+        pool.spec.warm_max_age(),
+        std::time::Duration::from_secs(600),
+        "pool.warm.maxAge"
+    );
+    assert_eq!(production[0].spec.warm, None, "no warm Pods by default");
     assert_eq!(
         production[0].spec.keep_idle,
         Some(0),
