@@ -149,6 +149,10 @@ fn main() -> ExitCode {
             };
             let base = sandbox_base_url.unwrap_or_else(|| common.base_url.clone());
             let config = common.config(&base);
+            let _worker_id = match hold_worker_id(&config) {
+                Ok(held) => held,
+                Err(code) => return code,
+            };
             block_on(async move {
                 let launcher = LocalLauncher::new(runner, root, &config.pool)?;
                 tracing::info!(root = %launcher.root().display(), "sandbox records, Session workspaces and runner logs");
@@ -183,6 +187,10 @@ fn main() -> ExitCode {
         } => {
             init_logging();
             let mut config = common.config(&docker.sandbox_base_url);
+            let _worker_id = match hold_worker_id(&config) {
+                Ok(held) => held,
+                Err(code) => return code,
+            };
             config.keep_idle = Duration::from_secs(docker.keep_idle_seconds);
             let allowlist = match egress.allowlist() {
                 Ok(list) => list,
@@ -258,24 +266,23 @@ fn block_on(
     }
 }
 
+/// Takes this supervisor's worker id on this host before anything of the
+/// host is touched (the engine's network and fence, the egress proxy's
+/// port): a second live process of the id waits for the first, then stops.
+fn hold_worker_id(config: &Config) -> Result<mango_controller::worker_id::Held, ExitCode> {
+    use mango_controller::worker_id::{hold, lock_dir, TAKEOVER_WAIT};
+    hold(&config.worker_id, &lock_dir(), TAKEOVER_WAIT).map_err(|err| {
+        eprintln!("mango-worker: {err}");
+        ExitCode::from(2)
+    })
+}
+
 async fn supervise<L: Launcher>(
     common: Common,
     config: Config,
     launcher: L,
     egress: Option<Arc<EgressMetrics>>,
 ) -> ExitCode {
-    let id = config.worker_id.clone();
-    let held = tokio::task::spawn_blocking(move || {
-        use mango_controller::worker_id::{hold, lock_dir, TAKEOVER_WAIT};
-        hold(&id, &lock_dir(), TAKEOVER_WAIT)
-    });
-    let _worker_id = match held.await.expect("the worker id lock does not panic") {
-        Ok(held) => held,
-        Err(err) => {
-            eprintln!("mango-worker: {err}");
-            return ExitCode::from(2);
-        }
-    };
     let key = Secret::new(common.environment_key);
     let kind = launcher.kind();
     let pool = config.pool.clone();

@@ -48,14 +48,35 @@ pub enum HoldError {
     },
 }
 
-/// Where the locks live: `$XDG_RUNTIME_DIR/mango-worker`, else the temporary
-/// directory's.
+/// Where this user's locks live: `/tmp/mango-worker-<uid>`, whatever the
+/// process's environment says (`TMPDIR`, `XDG_RUNTIME_DIR`), so that every
+/// start of one user's supervisor on this host looks in the same place.
+/// (A systemd unit with `PrivateTmp=` has a `/tmp` of its own.)
 pub fn lock_dir() -> PathBuf {
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|dir| dir.is_absolute())
-        .unwrap_or_else(std::env::temp_dir)
-        .join("mango-worker")
+    PathBuf::from(format!(
+        "/tmp/mango-worker-{}",
+        rustix::process::getuid().as_raw()
+    ))
+}
+
+/// Makes `dir` this user's own (0700), or refuses one that is not: a
+/// directory someone else made, or a link, could point the lock anywhere.
+fn own_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    let uid = rustix::process::getuid().as_raw();
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a directory of uid {uid} that only it may write",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Takes `id` in `dir`, waiting up to `wait` for a process that holds it to
@@ -67,14 +88,19 @@ pub fn hold(id: &str, dir: &Path, wait: Duration) -> Result<Held, HoldError> {
         path: path.clone(),
         error,
     };
-    std::fs::create_dir_all(dir).map_err(unlockable)?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(unlockable)?;
+    own_dir(dir).map_err(unlockable)?;
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(unlockable)?
+    };
     let deadline = Instant::now() + wait;
     let mut told = false;
     loop {
@@ -177,6 +203,46 @@ mod tests {
         });
         hold("w", dir.path(), Duration::from_secs(5)).expect("taken once the first lets go");
         release.join().unwrap();
+    }
+
+    #[test]
+    fn a_lock_directory_someone_else_could_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = hold("w", &open, Duration::ZERO).unwrap_err();
+        assert!(matches!(err, HoldError::Unlockable { .. }), "{err}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+        assert!(
+            hold("w", &link, Duration::ZERO).is_err(),
+            "a link is refused"
+        );
+        let made = dir.path().join("made");
+        hold("w", &made, Duration::ZERO).expect("one it makes is its own");
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_lock_file_that_is_a_link_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("locks");
+        hold("w", &locks, Duration::ZERO).unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me").unwrap();
+        let lock = std::fs::read_dir(&locks)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        std::fs::remove_file(&lock).unwrap();
+        std::os::unix::fs::symlink(&victim, &lock).unwrap();
+        assert!(hold("w", &locks, Duration::ZERO).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
     }
 
     #[test]

@@ -521,7 +521,10 @@ impl System {
                 if let Some((keep, idle)) = *self.keep_idle.lock().unwrap() {
                     env.extend([
                         ("MANGO_KEEP_IDLE".to_string(), keep.as_secs().to_string()),
-                        ("MANGO_IDLE_AFTER_END_TURN_SECONDS".into(), idle.to_string()),
+                        (
+                            "MANGO_DOCKER_IDLE_AFTER_END_TURN_SECONDS".into(),
+                            idle.to_string(),
+                        ),
                     ]);
                 } else {
                     // The other scenarios' sandboxes go after each activation,

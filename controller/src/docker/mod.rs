@@ -156,8 +156,9 @@ pub struct DockerArgs {
     /// `MANGO_IDLE_AFTER_END_TURN_SECONDS`, spec §8: 60 s), put into every
     /// container's environment when set. Hidden: only tests and the fault
     /// suite shorten it, so that activations end idle (and sandboxes are
-    /// kept) within their run.
-    #[arg(long = "idle-after-end-turn", env = "MANGO_IDLE_AFTER_END_TURN_SECONDS",
+    /// kept) within their run. Its own variable, not the runner's: a
+    /// runner's setting exported where the supervisor runs changes nothing.
+    #[arg(long = "idle-after-end-turn", env = "MANGO_DOCKER_IDLE_AFTER_END_TURN_SECONDS",
           hide = true, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub idle_after_end_turn_seconds: Option<u64>,
 }
@@ -1455,10 +1456,14 @@ impl Launcher for DockerLauncher {
     }
 
     fn waits(&self, sandbox: &Sandbox) -> bool {
-        self.waiting
-            .lock()
-            .expect("waiting lock")
-            .contains(&sandbox.handle)
+        // A warm container bound to a healthcheck waits for its one
+        // envelope, but a healthcheck's sandbox is never kept.
+        sandbox.item.session_id.is_some()
+            && self
+                .waiting
+                .lock()
+                .expect("waiting lock")
+                .contains(&sandbox.handle)
     }
 
     async fn start_waiting(&self, sandbox: &Sandbox) -> Result<Instant, LaunchError> {

@@ -444,7 +444,7 @@ async fn docker_kept_only_images_labelled_so_are_kept(db: sqlx::PgPool) {
         .await;
 }
 
-/// The supervisor's `MANGO_IDLE_AFTER_END_TURN_SECONDS` reaches every
+/// The supervisor's `--idle-after-end-turn` (`MANGO_DOCKER_IDLE_AFTER_END_TURN_SECONDS`) reaches every
 /// runner it starts, waiting or not, so that an activation ends idle (and
 /// its sandbox is kept) when the operator says rather than at the runner's
 /// 60 s; unset, the runner's own default stands.

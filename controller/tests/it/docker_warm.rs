@@ -610,11 +610,6 @@ fn warm_worker(engine: &Engine, api: &TestApp, pool: &str, log: &std::path::Path
             engine::TEST_WORKSPACE_BYTES.to_string(),
         ),
         ("MANGO_WARM", "2".to_string()),
-        // The lock directory of this test alone, as a host's runtime dir.
-        (
-            "XDG_RUNTIME_DIR",
-            log.parent().unwrap().to_string_lossy().into_owned(),
-        ),
     ]);
     Worker::start(&["docker"], &env, log)
 }

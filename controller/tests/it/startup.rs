@@ -114,6 +114,8 @@ async fn a_taken_default_metrics_port_is_replaced_but_a_chosen_one_is_not(db: sq
 
     let mut chosen = local("second");
     chosen.env("MANGO_METRICS_ADDR", addr.to_string());
+    // A second live supervisor beside the first needs its own worker id.
+    chosen.env("MANGO_WORKER_ID", "mango-worker-second");
     let mut second = Worker::spawn(chosen, &dir.path().join("second.log"));
     let status = second.exit(Duration::from_secs(20)).await;
     let refused = second.log();

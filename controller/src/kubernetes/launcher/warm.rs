@@ -260,9 +260,12 @@ impl PodLauncher {
             return Ok(SandboxExit::Gone);
         };
         let age = Duration::from_secs(waited(&pod).max(0) as u64);
+        let read_at = tokio::time::Instant::now();
         if !running(&pod) && !self.runs_within_start_bound(name, age).await {
             return Ok(SandboxExit::Gone);
         }
+        // Its age now: a Pod that started late has waited that much longer.
+        let age = age + read_at.elapsed();
         let left = self.pool.spec.warm_max_age().saturating_sub(age);
         // The watch may not show it yet (one adopted at a start).
         let mut seen = false;
