@@ -55,10 +55,17 @@ impl Cluster {
         let mut db = sqlx::PgConnection::connect(&self.admin_url)
             .await
             .context("connecting to the suite's cluster")?;
-        sqlx::raw_sql("ALTER SYSTEM SET synchronous_commit = on; SELECT pg_reload_conf()")
-            .execute(&mut db)
-            .await
-            .context("setting synchronous_commit")?;
+        // Two statements: one query string of both is one transaction
+        // block, which ALTER SYSTEM refuses.
+        for statement in [
+            "ALTER SYSTEM SET synchronous_commit = on",
+            "SELECT pg_reload_conf()",
+        ] {
+            sqlx::raw_sql(statement)
+                .execute(&mut db)
+                .await
+                .context("setting synchronous_commit")?;
+        }
         db.close().await?;
         let mut db = sqlx::PgConnection::connect(&self.admin_url).await?;
         let (setting,): (String,) = sqlx::query_as("SHOW synchronous_commit")
