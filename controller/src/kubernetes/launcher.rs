@@ -543,15 +543,7 @@ impl Launcher for PodLauncher {
     /// disconnect into EOF), and the Pod marked handed off only when the
     /// attach reported `Success`. A failure leaves the lease to expire.
     async fn hand_off(&self, sandbox: &Sandbox, secret: Secret) -> Result<HandOff, LaunchError> {
-        let mut seen = false;
-        let started = match self
-            .store
-            .until(&sandbox.name, |pod| start_state(pod, &mut seen))
-            .await
-        {
-            Start::Running(at) => at,
-            Start::Cannot(why) => return Err(LaunchError::Failed(why)),
-        };
+        let started = self.until_running(sandbox).await?;
         let written = self
             .write_stdin(
                 &sandbox.name,

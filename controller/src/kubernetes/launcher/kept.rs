@@ -18,7 +18,8 @@ use kube::ResourceExt;
 use std::time::Instant;
 
 impl PodLauncher {
-    /// Until the waiting Pod runs (its runner then reads stdin).
+    /// Until the Pod runs (its runner then reads stdin), for a hand-off or
+    /// a waiting Pod's start.
     pub(super) async fn until_running(&self, sandbox: &Sandbox) -> Result<Instant, LaunchError> {
         let mut seen = false;
         match self
