@@ -14,7 +14,8 @@ use crate::kubernetes::pod;
 use crate::kubernetes::pods::PodStore;
 use crate::kubernetes::status::{self, Observed, Problem};
 use crate::kubernetes::sweep;
-use futures::StreamExt;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Pod, Secret as KubeSecret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
@@ -29,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The field manager of the status this controller writes.
@@ -71,12 +72,16 @@ struct Fit {
     key_digest: String,
 }
 
+/// Ends once a supervisor's task has, and every earlier supervisor of its
+/// pool it was waiting for has ended too.
+type Ended = Shared<BoxFuture<'static, ()>>;
+
 /// A pool's supervisor while it runs.
 struct PoolRun {
     fit: Fit,
     stop: Option<oneshot::Sender<Stop>>,
-    task: JoinHandle<()>,
-    watch: JoinHandle<()>,
+    task: AbortHandle,
+    ended: Ended,
     metrics: Arc<Metrics>,
     state: Arc<Mutex<RunState>>,
     stats: mango_client::Client,
@@ -98,6 +103,9 @@ pub struct Context {
     recorder: Recorder,
     reporter: Reporter,
     runs: Mutex<HashMap<String, PoolRun>>,
+    /// Each pool's stopped supervisors that the next one has yet to wait
+    /// for: it starts only once they have ended.
+    stopping: Mutex<HashMap<String, Ended>>,
     /// The last verdict on the cluster's WorkerPool CRD (`None`: not checked).
     crd: Mutex<Option<Result<(), Problem>>>,
     /// The reason each pool's last Event gave, so an Event marks each change once.
@@ -119,6 +127,7 @@ impl Context {
             recorder,
             reporter,
             runs: Mutex::default(),
+            stopping: Mutex::default(),
             crd: Mutex::default(),
             noted: Mutex::default(),
             reconciles: Default::default(),
@@ -209,26 +218,33 @@ impl Context {
         out
     }
 
-    /// Stops pool `name`'s supervisor, if one runs; the task returned ends
-    /// once it has.
-    fn stop(&self, name: &str, how: Stop) -> Option<JoinHandle<()>> {
-        let run = self.runs.lock().expect("runs lock").remove(name);
-        run.map(|mut run| {
-            tracing::info!(pool = %name, ?how, "stopping the pool's supervisor");
-            if *run.state.lock().expect("state lock") != RunState::Running {
-                // Still checking its key (or done): nothing to drain or detach.
-                run.task.abort();
-            } else if let Some(stop) = run.stop.take() {
-                let _ = stop.send(how);
-            }
-            // The watch serves the supervisor only; the task ends on its own.
-            let watch = run.watch;
-            let task = run.task;
-            tokio::spawn(async move {
-                let _ = task.await;
-                watch.abort();
-            })
-        })
+    /// Stops pool `name`'s supervisor, if one runs; the next one started
+    /// for the pool waits until it has ended, and with it every earlier one
+    /// it was still waiting for (aborted while it waited, it leaves them
+    /// running).
+    fn stop(&self, name: &str, how: Stop) {
+        let Some(mut run) = self.runs.lock().expect("runs lock").remove(name) else {
+            return;
+        };
+        tracing::info!(pool = %name, ?how, "stopping the pool's supervisor");
+        if *run.state.lock().expect("state lock") != RunState::Running {
+            // Still waiting for its predecessors or checking its key (or
+            // done): nothing to drain or detach.
+            run.task.abort();
+        } else if let Some(stop) = run.stop.take() {
+            let _ = stop.send(how);
+        }
+        // Driven here, so the watch ends with the task when no next one waits.
+        tokio::spawn(run.ended.clone());
+        let mut stopping = self.stopping.lock().expect("stopping lock");
+        stopping.retain(|_, ended| ended.peek().is_none());
+        // The run waited for what was stopping before it: its end covers theirs.
+        stopping.insert(name.to_string(), run.ended);
+    }
+
+    /// What pool `name`'s next supervisor waits for before it starts.
+    fn predecessors(&self, name: &str) -> Option<Ended> {
+        self.stopping.lock().expect("stopping lock").remove(name)
     }
 
     /// Stops every supervisor (leadership lost, or shutting down): their
@@ -377,7 +393,7 @@ pub fn sandbox_api_url(pool: &WorkerPool, default_sandbox: Option<&str>, api: &s
 /// Starts pool `pool`'s supervisor for `fit`, detaching one that no longer fits.
 fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api: String) {
     let name = pool.name_any();
-    let predecessor = ctx.stop(&name, Stop::Detach);
+    ctx.stop(&name, Stop::Detach);
     let namespace = pool
         .namespace()
         .unwrap_or_else(|| ctx.settings.namespace.clone());
@@ -387,6 +403,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
         tracing::error!(pool = %name, "the pool's name is no label value; not started");
         return;
     };
+    let predecessors = ctx.predecessors(&name);
     let (store, watch) = PodStore::watching(pods, &selector);
     let launcher = PodLauncher::new(
         ctx.client.clone(),
@@ -421,13 +438,15 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     let task = tokio::spawn({
         let state = state.clone();
         let name = name.clone();
+        let predecessors = predecessors.clone();
         async move {
-            // The supervisor this one replaces (the pool was edited) detaches
-            // first: its warm pool's filler, still running, would replace the
-            // warm Pods this one recycles, after this one listed them, and
-            // those would be no supervisor's.
-            if let Some(predecessor) = predecessor {
-                let _ = predecessor.await;
+            // The supervisors this one replaces (the pool was edited) detach
+            // first: one still handing a Pod its secret would see this one
+            // remove it as never handed off, and a warm pool's filler, still
+            // running, would replace the warm Pods this one recycles, after
+            // this one listed them, and those would be no supervisor's.
+            if let Some(predecessors) = predecessors {
+                predecessors.await;
             }
             // While the api cannot be reached this waits (backing off); a
             // stop meanwhile aborts it, as nothing was launched yet.
@@ -455,13 +474,24 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
             }
         }
     });
+    let abort = task.abort_handle();
+    let ended = async move {
+        let _ = task.await;
+        // The watch serves the supervisor only.
+        watch.abort();
+        if let Some(predecessors) = predecessors {
+            predecessors.await;
+        }
+    }
+    .boxed()
+    .shared();
     ctx.runs.lock().expect("runs lock").insert(
         name.clone(),
         PoolRun {
             fit,
             stop: Some(stop_tx),
-            task,
-            watch,
+            task: abort,
+            ended,
             metrics,
             state,
             stats,

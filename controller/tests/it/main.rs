@@ -23,6 +23,7 @@ mod k8s_strict_launcher;
 mod k8s_strict_leader;
 mod k8s_strict_operator;
 mod k8s_strict_pools;
+mod k8s_strict_restarts;
 mod k8s_strict_warm;
 mod k8s_strict_warm_faults;
 mod k8s_strict_workspace;
