@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Client, ResourceExt};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -66,6 +67,10 @@ pub struct PodLauncher {
     events: Option<PoolEvents>,
     /// The api as warm Pods reach it; `None`: this launcher makes none.
     warm_base_url: Option<String>,
+    /// The Pods whose runner waits for a next envelope after an idle end,
+    /// as each was made ([`kept_pod::runs_kept`]), not as the pool is now:
+    /// an adopted Pod may predate an edit of `keepIdle`.
+    waiting: Mutex<HashSet<String>>,
 }
 
 /// The latest sandbox Pod's hardening as the API server stored it.
@@ -212,7 +217,22 @@ impl PodLauncher {
             hardening: HardeningReport::default(),
             events: None,
             warm_base_url: None,
+            waiting: Mutex::default(),
         }
+    }
+
+    /// Notes whether Pod `pod`'s runner waits after an idle end.
+    pub(super) fn note_waiting(&self, pod: &Pod) {
+        let mut waiting = self.waiting.lock().expect("waiting lock");
+        if kept_pod::runs_kept(pod) {
+            waiting.insert(pod.name_any());
+        } else {
+            waiting.remove(&pod.name_any());
+        }
+    }
+
+    pub(super) fn forget_waiting(&self, name: &str) {
+        self.waiting.lock().expect("waiting lock").remove(name);
     }
 
     /// Makes warm Pods (the pool's `warm`, spec §7.1) whose runners reach
@@ -490,6 +510,7 @@ impl Launcher for PodLauncher {
             .filter_map(|p| {
                 let labels = p.labels().clone();
                 let item = naming::item_of(&labels)?;
+                self.note_waiting(&p);
                 let running = p.metadata.deletion_timestamp.is_none()
                     && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                     && p.annotations().contains_key(ANNOTATION_HANDED_OFF);
@@ -525,6 +546,7 @@ impl Launcher for PodLauncher {
                 // The answer is the Pod as stored, after defaulting and
                 // admission: what of its hardening survived.
                 self.check_hardening(&spec.name, &manifest, &stored);
+                self.note_waiting(&stored);
                 Ok(Sandbox {
                     name: spec.name.clone(),
                     handle: spec.name.clone(),
@@ -590,6 +612,7 @@ impl Launcher for PodLauncher {
             Err(err) if status_of(&err) == Some(404) => {}
             Err(err) => return Err(launch_error(&format!("deleting Pod {}", sandbox.name), err)),
         }
+        self.forget_waiting(&sandbox.name);
         // A warm Pod that served a healthcheck: its PVC was never a
         // Session's, and goes with it (its owner reference would take it
         // too, once the garbage collector gets to it).
@@ -672,8 +695,15 @@ impl Launcher for PodLauncher {
         self.remove_unbound(&warm.name).await
     }
 
+    /// As the Pod was made: a Pod made before the pool's `keepIdle` changed
+    /// keeps the runner it was made with.
     fn waits(&self, sandbox: &Sandbox) -> bool {
-        kept_pod::waits(&self.pool, &sandbox.item)
+        sandbox.item.session_id.is_some()
+            && self
+                .waiting
+                .lock()
+                .expect("waiting lock")
+                .contains(&sandbox.handle)
     }
 
     /// The Pod starts by itself once created: this waits until it runs.

@@ -472,7 +472,7 @@ pub fn sandbox_pod_on(
         .iter()
         .find(|(name, _)| name == "MANGO_BASE_URL")
         .map_or("", |(_, url)| url.as_str());
-    if !kept::waits(pool, &sandbox.item) {
+    if !kept::makes_waiting(pool, &sandbox.item) {
         let mut env = sandbox.env.clone();
         env.extend(egress_env(pool, base_url, &sandbox.item.work_id));
         return build(pool, &sandbox.name, &sandbox.labels, &env, image, workspace);

@@ -547,3 +547,133 @@ async fn a_kept_pod_is_rebound_once_and_never_when_it_cannot_serve() {
         watch.abort();
     }
 }
+
+/// Whether a Pod's runner waits after an idle end is the Pod's to say, not
+/// the pool's now: a supervisor started after a `keepIdle` edit adopts
+/// Pods made before it. One made under `keepIdle: 60` still waits (so
+/// its idle end removes it at once) when the pool keeps nothing since,
+/// and one made under `keepIdle: 0` does not (its runner exits by
+/// itself) when the pool keeps since.
+#[tokio::test]
+async fn an_adopted_pod_waits_as_it_was_made_whatever_the_pool_keeps_now() {
+    let fake = k8s_strict::fake_with(Options::default()).await;
+    let keeping = pool_with(&fake, "env_1", "mango_envk_unused", json!({"keepIdle": 60}));
+    let plain = Arc::new({
+        let mut p = (*keeping).clone();
+        p.spec.keep_idle = Some(0);
+        p
+    });
+    let now = jiff::Timestamp::now().to_string();
+    let (keeping_launcher, watch_a) = launcher(&fake, &keeping, "mango-sandbox:test", BASE).await;
+    let made_waiting = keeping_launcher
+        .create(&spec_of("work_w1", Some("sesn_w")))
+        .await
+        .unwrap();
+    let (maker, watch_b) = launcher(&fake, &plain, "mango-sandbox:test", BASE).await;
+    let made_once = maker
+        .create(&spec_of("work_o1", Some("sesn_o")))
+        .await
+        .unwrap();
+    for pod in [&made_waiting.name, &made_once.name] {
+        running_status(&fake, pod, &now);
+    }
+
+    for (now_pool, what) in [(&plain, "keeps nothing now"), (&keeping, "keeps now")] {
+        let (adopter, watch) = launcher(&fake, now_pool, "mango-sandbox:test", BASE).await;
+        let found = adopter.existing().await.unwrap();
+        let adopted = |name: &str| {
+            found
+                .iter()
+                .find(|f| f.sandbox.name == name)
+                .map(|f| f.sandbox.clone())
+                .unwrap()
+        };
+        assert!(
+            adopter.waits(&adopted(&made_waiting.name)),
+            "the Pod made to wait still waits when the pool {what}"
+        );
+        assert!(
+            !adopter.waits(&adopted(&made_once.name)),
+            "the one-shot Pod's runner exits by itself when the pool {what}"
+        );
+        if now_pool.spec.keep_idle().is_zero() {
+            let removed = adopted(&made_waiting.name);
+            adopter.remove(&removed).await.unwrap();
+            assert!(!adopter.waits(&removed), "a removed Pod waits for nothing");
+            let again = keeping_launcher
+                .create(&spec_of("work_w1", Some("sesn_w")))
+                .await
+                .unwrap();
+            running_status(&fake, &again.name, &now);
+        }
+        watch.abort();
+    }
+    assert_no_secret(&fake, &[]);
+    watch_a.abort();
+    watch_b.abort();
+}
+
+/// Spec §7.1 across a `keepIdle` edit: a Session's Pod made under
+/// `keepIdle: 300`, whose runner waits for a next envelope after an idle
+/// end, is adopted by the supervisor of the pool edited to `keepIdle: 0`.
+/// That one keeps nothing, and the Pod's idle end removes it at once: it
+/// does not wait out the finish grace for a runner that will not exit.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pod_made_to_wait_goes_at_its_idle_end_once_the_pool_keeps_nothing(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(two_bash_turns("echo ALPHA", "echo BRAVO")).await;
+    let settings = mango_api::Settings {
+        model_base_url: Some(model.base.clone()),
+        ..Default::default()
+    };
+    let api = TestApp::start_with(db, settings).await;
+    let fake = k8s_strict::fake_with(Options::default()).await;
+    let pool = pool_with(&fake, &api.env_id, &api.env_key, json!({"keepIdle": 300}));
+    let attaches = Attaches::default();
+    let kubelet = quick_idle_kubelet(&fake, &attaches);
+    // Far longer than the removal may take: waiting it out is the defect.
+    let finish_grace = Duration::from_secs(120);
+    let start = async |pool: &Arc<WorkerPool>| {
+        let (launcher, watch) = launcher(&fake, pool, "mango-sandbox:test", &api.base).await;
+        let mut config = config(&api, 1);
+        config.pool = POOL.into();
+        config.keep_idle = pool.spec.keep_idle();
+        config.finish_grace = finish_grace;
+        (Running::start(&api, config, launcher).await, watch)
+    };
+    let session =
+        mango_testkit::turns::session_with_tools(&api, json!([{"type": "agent_toolset_20260401"}]))
+            .await;
+    let (running, watch) = start(&pool).await;
+    turn(&api, &session, "one", "ALPHA", Duration::from_secs(60)).await;
+    // The edit restarts the pool's supervisor this way: its Pods stay.
+    assert_eq!(running.stop(Stop::Detach).await, RunEnd::Detached);
+    watch.abort();
+    let pods = session_pods(&fake, &session);
+    assert_eq!(pods.len(), 1);
+    let name = pods[0]["metadata"]["name"].as_str().unwrap().to_string();
+    let command = pods[0]["spec"]["containers"][0]["command"].to_string();
+    assert!(command.contains("--keep-idle-seconds"), "{command}");
+
+    let edited = Arc::new({
+        let mut p = (*pool).clone();
+        p.spec.keep_idle = Some(0);
+        p
+    });
+    until_idle_end(&api, &session).await;
+    let (running, watch) = start(&edited).await;
+    crate::support::until(
+        "the adopted Pod removed at its idle end",
+        Duration::from_secs(15),
+        async || k8s_strict::terminating(&fake, &name),
+    )
+    .await;
+    assert_eq!(running.metrics.kept.load(Relaxed), 0, "nothing is kept now");
+    let exited_by_itself = fake
+        .pod(&name)
+        .is_some_and(|p| p["status"]["phase"] == "Succeeded");
+    assert!(!exited_by_itself, "its runner was waiting, not exiting");
+    assert_no_secret(&fake, &delivered_secrets(&attaches));
+    assert_eq!(running.shutdown().await, RunEnd::Shutdown);
+    kubelet.abort();
+    watch.abort();
+}

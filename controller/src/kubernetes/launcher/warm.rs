@@ -165,6 +165,7 @@ impl PodLauncher {
             {
                 let _ = self.delete_now(name).await;
                 let _ = self.delete_if_unbound(&self.pvcs, name).await;
+                self.forget_waiting(name);
                 return Err(err);
             }
         }
@@ -199,7 +200,10 @@ impl PodLauncher {
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => return Ok(()),
+                Ok(bound) => {
+                    self.note_waiting(&bound);
+                    return Ok(());
+                }
                 // Changed since it was read: read it again.
                 Err(err) if status_of(&err) == Some(409) => continue,
                 Err(err) => return Err(launch_error(&format!("binding warm Pod {name}"), err)),

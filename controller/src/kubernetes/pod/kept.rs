@@ -20,21 +20,37 @@ use crate::kubernetes::crd::WorkerPool;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
-/// Whether `item`'s Pod in `pool` waits for envelopes and may be kept.
-pub fn waits(pool: &WorkerPool, item: &ItemIdentity) -> bool {
+/// The runner's option that makes it wait, after an idle end, for its
+/// Session's next envelope.
+pub const KEEP_FLAG: &str = "--keep-idle-seconds";
+
+/// Whether the Pod `pool` makes now for `item` waits for envelopes and may
+/// be kept. A Pod made earlier answers for itself ([`runs_kept`]): the
+/// pool's `keepIdle` may have changed since.
+pub fn makes_waiting(pool: &WorkerPool, item: &ItemIdentity) -> bool {
     !pool.spec.keep_idle().is_zero() && item.session_id.is_some()
 }
 
-/// The runner's `--keep-idle-seconds` option, when the pool keeps.
+/// Whether Pod `pod`'s runner waits, after an idle end, for a next
+/// envelope: it was made with [`KEEP_FLAG`], by a pool that kept then,
+/// whatever the pool says now. Read from the command the container runs,
+/// which names no secret.
+pub fn runs_kept(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .find(|c| c.name == CONTAINER)
+        .and_then(|c| c.command.as_ref())
+        .is_some_and(|command| command.iter().any(|arg| arg == KEEP_FLAG))
+}
+
+/// The runner's [`KEEP_FLAG`] option, when the pool keeps.
 pub fn keep_args(pool: &WorkerPool) -> Vec<String> {
     let keep = pool.spec.keep_idle();
     if keep.is_zero() {
         return Vec::new();
     }
-    vec![
-        "--keep-idle-seconds".to_string(),
-        keep.as_secs().to_string(),
-    ]
+    vec![KEEP_FLAG.to_string(), keep.as_secs().to_string()]
 }
 
 /// The command of a cold Pod that waits: its first envelope comes right
@@ -184,6 +200,7 @@ mod tests {
             "work_1"
         );
         assert!(takes_another_envelope(&pod));
+        assert!(runs_kept(&pod));
         let warm_pod = warm::warm_pod(
             &keeping,
             "mango-warm-1",
@@ -206,17 +223,19 @@ mod tests {
             assert_eq!(runner.stdin_once, Some(true));
             assert_eq!(runner.command, None, "the image's runner, given its secret");
             assert!(!takes_another_envelope(&pod));
+            assert!(!runs_kept(&pod), "its runner exits after its activation");
             assert!(pod
                 .metadata
                 .annotations
                 .is_none_or(|a| !a.contains_key(warm::ANNOTATION_TEMPLATE)));
         }
         let warm_pod = warm::warm_pod(&pool(None), "mango-warm-1", "img", "http://api:8081");
+        assert!(!runs_kept(&warm_pod), "it waits for one envelope only");
         let command = warm_pod.spec.unwrap().containers[0]
             .command
             .clone()
             .unwrap();
-        assert!(!command.contains(&"--keep-idle-seconds".to_string()));
+        assert!(!command.contains(&KEEP_FLAG.to_string()));
     }
 
     #[test]
