@@ -9,7 +9,8 @@
 use crate::k8s_strict::{self, Attaches, NS};
 use crate::k8s_strict_operator::{condition, settings};
 use crate::support::until_stopped;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
 use mango_controller::kubernetes::crd::WorkerPool;
 use mango_controller::kubernetes::operator::{self, Context};
@@ -135,16 +136,24 @@ fn pods_of(fake: &ApiServer, work_id: &str) -> Vec<String> {
         .collect()
 }
 
-/// The pool's supervisor is handing a healthcheck's Pod its secret (the
-/// Pod is Pending, so the hand-off waits and so does its detach) when the
-/// pool is edited twice. The supervisor of the second edit starts only
-/// once the first has detached: the Pending Pod is not removed under the
-/// hand-off, the check is served by it, and the pool is Ready on the
-/// last generation only after that.
-#[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn a_pool_edited_twice_quickly_starts_its_last_supervisor_after_the_first_detached(
-    db: sqlx::PgPool,
-) {
+/// The operator over the fake, its pool's supervisor handing a
+/// healthcheck's Pod its secret: the Pod is held Pending, so the hand-off
+/// waits, and so does the supervisor's detach (up to its request bound,
+/// 15 s).
+struct HandingOff {
+    api: TestApp,
+    fake: Arc<ApiServer>,
+    node: Arc<Node>,
+    attaches: Attaches,
+    check: String,
+    held: String,
+    stop: CancellationToken,
+    run: tokio::task::JoinHandle<()>,
+    kubelet: tokio::task::JoinHandle<()>,
+    _volumes: tempfile::TempDir,
+}
+
+async fn handing_off(db: sqlx::PgPool) -> HandingOff {
     let api = TestApp::start(db).await;
     let fake = k8s_strict::fake_with(Options::default()).await;
     k8s_strict::make_pool(&fake, &api, POOL, &api.env_key);
@@ -164,7 +173,6 @@ async fn a_pool_edited_twice_quickly_starts_its_last_supervisor_after_the_first_
         condition(&fake, POOL, "Ready").is_some_and(|c| c["status"] == "True")
     })
     .await;
-
     node.pending.store(true, Ordering::SeqCst);
     let check = api.create_check().await;
     crate::support::until(
@@ -174,69 +182,138 @@ async fn a_pool_edited_twice_quickly_starts_its_last_supervisor_after_the_first_
     )
     .await;
     let held = pods_of(&fake, &check).remove(0);
-
-    // Each supervisor the operator starts watches the pool's Pods at once
-    // (its status is no sign: a pool whose supervisor waits is not Ready).
-    edit_pool(&fake, json!({"maxConcurrency": 3})).await;
-    crate::support::until(
-        "the first edit's supervisor",
-        Duration::from_secs(30),
-        async || pod_watches(&fake) == 2,
-    )
-    .await;
-    let last = edit_pool(&fake, json!({"maxConcurrency": 4})).await;
-    crate::support::until(
-        "the second edit's supervisor",
-        Duration::from_secs(30),
-        async || pod_watches(&fake) == 3,
-    )
-    .await;
-    // A supervisor that did not wait would check its key, list the pool's
-    // Pods and remove the one not handed off within a second or so; this
-    // window is well inside the first one's detach bound (15 s).
-    let window = Instant::now() + Duration::from_secs(4);
-    let mut ran_early = false;
-    while Instant::now() < window {
-        ran_early |= ready_at(&fake, last).is_some_and(|c| c["status"] == "True");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    HandingOff {
+        api,
+        fake,
+        node,
+        attaches,
+        check,
+        held,
+        stop,
+        run,
+        kubelet,
+        _volumes: volumes,
     }
-    let removed = node.deleted_pending.lock().unwrap().clone();
-    assert!(
-        !ran_early && removed.is_empty(),
-        "the last supervisor ran while the first still detached (Ready early: {ran_early}) \
-         and removed the Pods being handed their secret: {removed:?}"
-    );
+}
 
-    node.pending.store(false, Ordering::SeqCst);
-    let work = until_stopped(&api, &check, Duration::from_secs(60)).await;
-    let result = work.result.expect("a stopped check has a result");
-    assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
-    let delivered: Vec<String> = attaches
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|a| !a.stdin.is_empty())
-        .map(|a| a.pod.clone())
-        .collect();
-    assert_eq!(
-        delivered,
-        vec![held.clone()],
-        "the held Pod served the check"
-    );
-    assert!(node.deleted_pending.lock().unwrap().is_empty());
+impl HandingOff {
+    /// Until the operator has started its `n`th supervisor of the pool: each
+    /// watches the pool's Pods at once (its status is no sign, as a pool
+    /// whose supervisor waits is not Ready).
+    async fn until_supervisors(&self, n: usize) {
+        crate::support::until(
+            &format!("supervisor {n} started"),
+            Duration::from_secs(30),
+            async || pod_watches(&self.fake) == n,
+        )
+        .await;
+    }
+
+    /// The latest supervisor waits for the first: for a while (well inside
+    /// the first's detach bound; one that did not wait would check its key,
+    /// list the pool's Pods and remove the one not handed off within a
+    /// second or so) the Pending Pod stays and the pool is not Ready at
+    /// `generation`. Then the Pod runs: the first supervisor hands it the
+    /// secret, the check succeeds in it, and the latest supervisor adopts
+    /// it, runs, and removes it once its runner exits.
+    async fn assert_the_hand_off_finishes(self, generation: i64) {
+        let fake = &self.fake;
+        let window = Instant::now() + Duration::from_secs(4);
+        let mut ran_early = false;
+        while Instant::now() < window {
+            ran_early |= ready_at(fake, generation).is_some_and(|c| c["status"] == "True");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let removed = self.node.deleted_pending.lock().unwrap().clone();
+        assert!(
+            !ran_early && removed.is_empty(),
+            "the latest supervisor ran while the first still detached (Ready early: {ran_early}) \
+             and removed the Pods being handed their secret: {removed:?}"
+        );
+        self.node.pending.store(false, Ordering::SeqCst);
+        let work = until_stopped(&self.api, &self.check, Duration::from_secs(60)).await;
+        let result = work.result.expect("a stopped check has a result");
+        assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
+        let delivered: Vec<String> = self
+            .attaches
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| !a.stdin.is_empty())
+            .map(|a| a.pod.clone())
+            .collect();
+        assert_eq!(delivered, vec![self.held.clone()], "the held Pod served it");
+        assert!(self.node.deleted_pending.lock().unwrap().is_empty());
+        crate::support::until(
+            "the latest supervisor Ready",
+            Duration::from_secs(30),
+            async || ready_at(fake, generation).is_some_and(|c| c["status"] == "True"),
+        )
+        .await;
+        crate::support::until(
+            "the check's Pod removed",
+            Duration::from_secs(30),
+            async || fake.pod(&self.held).is_none(),
+        )
+        .await;
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.run).await;
+        self.kubelet.abort();
+    }
+}
+
+/// Edited twice while the first supervisor hands a Pod its secret: the
+/// supervisor of the second edit, aborted while it waited for the first,
+/// leaves the third to wait for the first all the same.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pool_edited_twice_quickly_starts_its_last_supervisor_after_the_first_detached(
+    db: sqlx::PgPool,
+) {
+    let live = handing_off(db).await;
+    edit_pool(&live.fake, json!({"maxConcurrency": 3})).await;
+    live.until_supervisors(2).await;
+    let last = edit_pool(&live.fake, json!({"maxConcurrency": 4})).await;
+    live.until_supervisors(3).await;
+    live.assert_the_hand_off_finishes(last).await;
+}
+
+/// Stopped for a missing Secret while it hands a Pod its secret, and
+/// started again once the Secret is back: the new supervisor waits for the
+/// stopped one, as after an edit.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pool_stopped_for_its_secret_and_started_again_waits_for_the_stopped_supervisor(
+    db: sqlx::PgPool,
+) {
+    let live = handing_off(db).await;
+    let fake = &live.fake;
+    let secrets: Api<Secret> = Api::namespaced(k8s_strict::client(fake).await, NS);
+    secrets
+        .delete("pool-key", &DeleteParams::default())
+        .await
+        .unwrap();
+    // A reconcile now (the operator watches pools, not Secrets).
+    edit_pool(fake, json!({"maxConcurrency": 3})).await;
     crate::support::until(
-        "the last supervisor Ready",
+        "the pool stopped for its Secret",
         Duration::from_secs(30),
-        async || ready_at(&fake, last).is_some_and(|c| c["status"] == "True"),
+        async || warning_reasons(fake).contains("SecretMissing"),
     )
     .await;
-    crate::support::until(
-        "the check's Pod removed",
-        Duration::from_secs(30),
-        async || fake.pod(&held).is_none(),
-    )
-    .await;
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(30), run).await;
-    kubelet.abort();
+    fake.create(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "pool-key", "namespace": NS},
+        "stringData": {"environment-key": live.api.env_key}}))
+        .expect("the Secret is admitted again");
+    let last = edit_pool(fake, json!({"maxConcurrency": 4})).await;
+    live.until_supervisors(2).await;
+    live.assert_the_hand_off_finishes(last).await;
+}
+
+/// The reasons of the Warning Events published so far.
+fn warning_reasons(fake: &ApiServer) -> BTreeSet<String> {
+    fake.names("events", NS)
+        .into_iter()
+        .filter_map(|name| fake.object("events", NS, &name))
+        .filter(|e| e["type"] == "Warning")
+        .filter_map(|e| e["reason"].as_str().map(str::to_string))
+        .collect()
 }
