@@ -247,9 +247,13 @@ impl Context {
         self.stopping.lock().expect("stopping lock").remove(name)
     }
 
-    /// Stops every supervisor (leadership lost, or shutting down): their
-    /// Pods keep running for the next leader to adopt.
-    pub fn detach_all(&self) {
+    /// Stops every supervisor (leadership lost, or shutting down) and
+    /// returns once each has detached: their Pods keep running for the next
+    /// leader to adopt. A supervisor detaches only after the hand-offs it
+    /// has begun (each within its request bound), so the process must not
+    /// exit before: a Pod cut off mid-hand-off never gets its secret, and
+    /// the next leader removes it as one no supervisor handed off.
+    pub async fn detach_all(&self) {
         let names: Vec<String> = self
             .runs
             .lock()
@@ -260,6 +264,14 @@ impl Context {
         for name in names {
             self.stop(&name, Stop::Detach);
         }
+        let stopping: Vec<Ended> = self
+            .stopping
+            .lock()
+            .expect("stopping lock")
+            .values()
+            .cloned()
+            .collect();
+        futures::future::join_all(stopping).await;
     }
 
     /// Stops the supervisors of pools that no longer exist.
@@ -693,5 +705,5 @@ pub async fn run(ctx: Arc<Context>, stop: CancellationToken) {
         }
     };
     tokio::join!(reconciling, janitor);
-    ctx.detach_all();
+    ctx.detach_all().await;
 }

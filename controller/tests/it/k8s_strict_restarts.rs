@@ -317,3 +317,43 @@ fn warning_reasons(fake: &ApiServer) -> BTreeSet<String> {
         .filter_map(|e| e["reason"].as_str().map(str::to_string))
         .collect()
 }
+
+/// Shut down (SIGTERM, or leadership lost) while its supervisor hands a Pod
+/// its secret: the operator returns only once that supervisor has detached,
+/// after the hand-off, so the process does not exit with the Pod cut off
+/// from its secret (the next leader would remove it unhanded).
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_operator_shut_down_mid_hand_off_returns_only_once_its_supervisor_detached(
+    db: sqlx::PgPool,
+) {
+    let mut live = handing_off(db).await;
+    live.stop.cancel();
+    // Well inside the supervisor's detach bound (its request bound, 15 s).
+    let early = tokio::time::timeout(Duration::from_secs(3), &mut live.run).await;
+    assert!(
+        early.is_err(),
+        "the operator returned while its supervisor still handed a Pod its secret"
+    );
+    live.node.pending.store(false, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(30), &mut live.run)
+        .await
+        .expect("the operator returns once the hand-off is done")
+        .expect("the operator's task");
+    let work = until_stopped(&live.api, &live.check, Duration::from_secs(60)).await;
+    let result = work.result.expect("a stopped check has a result");
+    assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
+    let delivered: Vec<String> = live
+        .attaches
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|a| !a.stdin.is_empty())
+        .map(|a| a.pod.clone())
+        .collect();
+    assert_eq!(
+        delivered,
+        vec![live.held.clone()],
+        "the held Pod got its secret"
+    );
+    live.kubelet.abort();
+}
