@@ -410,6 +410,113 @@ mod tests {
         assert!(t.take_unreadable().is_empty());
     }
 
+    /// A container created, run and removed at once (as a healthcheck's can
+    /// be, between two polls of the list): its line is read all the same.
+    #[tokio::test]
+    async fn a_container_removed_as_soon_as_it_exits_has_its_logs_read() {
+        use bollard::models::ContainerCreateBody;
+        use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
+        let Ok(image) = std::env::var("MANGO_TEST_SANDBOX_IMAGE") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set and MANGO_TEST_SANDBOX_IMAGE is not: this Docker test cannot run"
+            );
+            return;
+        };
+        let docker = Docker::connect_with_local_defaults().expect("a Docker engine");
+        let pool = format!("container-logs-test-{}", std::process::id());
+        let logs = std::env::temp_dir().join(&pool);
+        std::fs::create_dir_all(&logs).unwrap();
+        let followers = ContainerLogs::follow(docker.clone(), pool.clone(), logs.clone());
+        let mut names = Vec::new();
+        for n in 0..3 {
+            let name = format!("{pool}-{n}");
+            let created = docker
+                .create_container(
+                    Some(CreateContainerOptions {
+                        name: Some(name.clone()),
+                        ..Default::default()
+                    }),
+                    ContainerCreateBody {
+                        image: Some(image.clone()),
+                        entrypoint: Some(vec!["bash".into()]),
+                        cmd: Some(vec!["-c".into(), format!("echo line of {name}")]),
+                        labels: Some(HashMap::from([(LABEL_POOL.to_string(), pool.clone())])),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("the container is created");
+            docker
+                .start_container(
+                    &created.id,
+                    None::<bollard::query_parameters::StartContainerOptions>,
+                )
+                .await
+                .expect("the container starts");
+            let mut waited = docker.wait_container(
+                &created.id,
+                None::<bollard::query_parameters::WaitContainerOptions>,
+            );
+            while waited.next().await.is_some() {}
+            docker
+                .remove_container(
+                    &created.id,
+                    Some(RemoveContainerOptions {
+                        force: true,
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .expect("the container is removed");
+            names.push(name);
+        }
+        // One that never starts.
+        let never = docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(format!("{pool}-never")),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(image.clone()),
+                    labels: Some(HashMap::from([(LABEL_POOL.to_string(), pool.clone())])),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        docker
+            .remove_container(&never.id, None::<RemoveContainerOptions>)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while followers.counts_since(0).never_started < 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (counts, failures) = followers.finish(Duration::from_secs(30)).await;
+        assert_eq!(
+            counts,
+            Counts {
+                seen: 4,
+                read: 3,
+                never_started: 1,
+                ..Counts::default()
+            },
+            "{failures:?}"
+        );
+        assert!(failures.is_empty(), "{failures:?}");
+        for name in names {
+            let text = std::fs::read_to_string(logs.join(format!("container-{name}.log")))
+                .unwrap_or_default();
+            assert!(
+                text.contains(&format!("line of {name}")),
+                "{name}: {text:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&logs);
+    }
+
     #[test]
     fn since_is_seconds_and_nanoseconds() {
         assert_eq!(since(1_700_000_000_000_000_007), "1700000000.000000007");
