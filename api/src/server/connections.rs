@@ -1,10 +1,12 @@
 //! The accept loop of one listener and the life of each connection it
 //! accepts: the per-peer and process-wide caps (a connection past either is
 //! closed as soon as it is accepted), the header-read and idle timeouts
-//! ([`super::activity`]), and backing off when `accept` fails (out of file
+//! ([`super::activity`]), each request's body read to its end before its
+//! response ([`super::request_body`]), and backing off when `accept` fails (out of file
 //! descriptors), so a flood can neither crash the loop nor make it spin.
 
 use super::activity::{Activity, InFlightBody, Quiet, Watched};
+use super::request_body;
 use crate::connection_limits::{Audience, ConnectionLimits};
 use crate::metrics::{Connections, Metrics};
 use axum::Router;
@@ -245,11 +247,14 @@ async fn serve_connection(
     let service = {
         let activity = activity.clone();
         let app = shared.app.clone();
+        let drain_within = shared.limits.header_read_timeout;
         hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let guard = activity.begin();
             let app = app.clone();
             async move {
+                let (request, leftover) = request_body::watch(request);
                 let response = app.oneshot(request).await.unwrap_or_else(|e| match e {});
+                let response = leftover.settle(response, drain_within).await;
                 Ok::<_, Infallible>(response.map(|body| InFlightBody {
                     body,
                     _guard: guard,

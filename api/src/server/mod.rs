@@ -3,6 +3,7 @@
 
 mod activity;
 mod connections;
+mod request_body;
 
 use crate::connection_limits::Audience;
 use crate::context::{AgentLoop, ApiContext};

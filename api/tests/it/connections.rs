@@ -121,12 +121,18 @@ async fn request(
     let head =
         format!("{method} {path} HTTP/1.1\r\nHost: mango\r\n{auth}Content-Length: 0\r\n\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();
+    let (head, body) = answer(stream, &format!("{method} {path}")).await;
+    (head.lines().next().unwrap().to_string(), body)
+}
+
+/// The next response on `stream`: its head and its body.
+async fn answer(stream: &mut TcpStream, what: &str) -> (String, String) {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     let answer = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             let n = stream.read(&mut buf).await.expect("the answer is read");
-            assert!(n > 0, "closed before answering {method} {path}");
+            assert!(n > 0, "closed before answering {what}");
             got.extend_from_slice(&buf[..n]);
             let text = String::from_utf8_lossy(&got).into_owned();
             let Some(end) = text.find("\r\n\r\n") else {
@@ -141,14 +147,16 @@ async fn request(
                 })
                 .expect("a content-length");
             if got.len() >= end + 4 + length {
-                let status = text.lines().next().unwrap().to_string();
-                return (status, text[end + 4..end + 4 + length].to_string());
+                return (
+                    text[..end].to_string(),
+                    text[end + 4..end + 4 + length].to_string(),
+                );
             }
         }
     });
     answer
         .await
-        .unwrap_or_else(|_| panic!("no answer to {method} {path}"))
+        .unwrap_or_else(|_| panic!("no answer to {what}"))
 }
 
 async fn fresh_request(
@@ -455,4 +463,92 @@ fn serve_refuses_more_connections_than_its_open_file_limit_allows() {
         stderr.contains("MANGO_MAX_CONNECTIONS=100000000 does not fit the open-file limit"),
         "{stderr}"
     );
+}
+
+/// The head of a POST to Ack (which reads no body) announcing `body_len`
+/// bytes of body, with `extra` headers.
+fn ack_head(body_len: usize, extra: &str) -> String {
+    format!(
+        "POST /v1/environments/env_x/work/work_x/ack HTTP/1.1\r\nHost: mango\r\n\
+         Authorization: Bearer nope\r\nContent-Type: application/json\r\n\
+         Content-Length: {body_len}\r\n{extra}\r\n"
+    )
+}
+
+fn says_close(head: &str) -> bool {
+    head.lines()
+        .any(|l| l.eq_ignore_ascii_case("connection: close"))
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_body_the_handler_never_reads_is_drained_and_the_connection_kept(db: sqlx::PgPool) {
+    let api = Served::start(db, limits(100, 100, 1_000)).await;
+    let mut stream = connect(OPERATOR, api.operators).await;
+    stream.set_nodelay(true).unwrap();
+    // The body after its head, later than the handler answers without it
+    // (as httpx writes them: two sends, the body at times a moment late).
+    stream.write_all(ack_head(2, "").as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stream.write_all(b"{}").await.unwrap();
+    let (head, body) = answer(&mut stream, "the Ack").await;
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}\n{body}");
+    assert!(!says_close(&head), "{head}");
+    // Kept alive as promised: the next request on it is answered.
+    let (status, _) = request(&mut stream, "GET", "/healthz", None).await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+}
+
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_body_too_slow_too_large_or_awaiting_continue_closes_the_connection_and_says_so(
+    db: sqlx::PgPool,
+) {
+    let api = Served::start(
+        db,
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(1),
+            ..limits(100, 100, 1_000)
+        },
+    )
+    .await;
+    let max = mango_api::extract::MAX_BODY_BYTES;
+    let too_large = vec![b' '; max + 2];
+    let cases: [(&str, String, &[u8]); 3] = [
+        ("never sent", ack_head(10, ""), b""),
+        (
+            "larger than what is drained",
+            ack_head(too_large.len(), ""),
+            &too_large,
+        ),
+        (
+            "awaiting 100 Continue",
+            ack_head(10, "Expect: 100-continue\r\n"),
+            b"",
+        ),
+    ];
+    for (case, head, body) in cases {
+        let mut stream = connect(OPERATOR, api.operators).await;
+        let (mut reader, mut writer) = stream.split();
+        let sent = async {
+            writer.write_all(head.as_bytes()).await.unwrap();
+            // The server may stop reading (and reset) once it has answered.
+            let _ = writer.write_all(body).await;
+        };
+        let mut got = Vec::new();
+        let read = async {
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+                let n = reader.read(&mut buf).await.expect("the answer is read");
+                assert!(n > 0, "{case}: closed before answering");
+                got.extend_from_slice(&buf[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), futures::future::join(sent, read))
+            .await
+            .unwrap_or_else(|_| panic!("{case}: no answer"));
+        let text = String::from_utf8_lossy(&got).into_owned();
+        let head = &text[..text.find("\r\n\r\n").unwrap()];
+        assert!(head.starts_with("HTTP/1.1 401"), "{case}: {head}");
+        assert!(says_close(head), "{case}: kept alive: {head}");
+        assert!(!text.contains("100 Continue"), "{case}: {text}");
+    }
 }

@@ -5,11 +5,13 @@
 //! per scenario while Sessions call tools and healthchecks run, and checks
 //! the invariants after each (`invariants.rs`). Its last line:
 //! `faults_scenarios=… faults_lost=0 faults_doubled=0 faults_leaked=0
-//! faults_secret_lines=0 max_reclaim_s=… proptest_cases=… fuzz_targets=…`;
+//! faults_secret_lines=0 faults_containers=… faults_unread_container_logs=0
+//! max_reclaim_s=… proptest_cases=… fuzz_targets=…`;
 //! it exits non-zero naming every invariant that failed.
 
 mod clock;
 mod cluster;
+mod container_logs;
 mod exhausted;
 mod invariants;
 mod kept_kills;
@@ -33,7 +35,7 @@ mod watch;
 pub use scenarios::Name;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub struct Options {
     /// The run's name: its pools, network and cluster (`system::Names`).
@@ -55,6 +57,9 @@ pub struct Summary {
     pub doubled: usize,
     pub leaked: usize,
     pub secret_lines: usize,
+    /// Containers of the Docker pool seen, and those whose logs were not read.
+    pub containers: usize,
+    pub unread_container_logs: usize,
     pub max_reclaim_s: f64,
     pub failures: Vec<String>,
 }
@@ -62,12 +67,14 @@ pub struct Summary {
 impl Summary {
     pub fn line(&self, repo: &std::path::Path) -> String {
         format!(
-            "faults_scenarios={} faults_lost={} faults_doubled={} faults_leaked={} faults_secret_lines={} max_reclaim_s={:.1} proptest_cases={} fuzz_targets={}",
+            "faults_scenarios={} faults_lost={} faults_doubled={} faults_leaked={} faults_secret_lines={} faults_containers={} faults_unread_container_logs={} max_reclaim_s={:.1} proptest_cases={} fuzz_targets={}",
             self.scenarios,
             self.lost,
             self.doubled,
             self.leaked,
             self.secret_lines,
+            self.containers,
+            self.unread_container_logs,
             self.max_reclaim_s,
             proptest_cases(),
             fuzz_targets(repo),
@@ -97,9 +104,8 @@ fn fuzz_targets(repo: &std::path::Path) -> usize {
 
 pub async fn run(opts: Options) -> anyhow::Result<Summary> {
     let (system, scratch) = start_system(&opts).await?;
-    let followers = sandboxes::follow_container_logs(system.docker.clone(), system.logs.clone());
-    let outcome = run_scenarios(&system, &opts.scenarios).await;
-    followers.abort();
+    let followers = follow_containers(&system);
+    let outcome = run_scenarios(&system, &opts.scenarios, &followers).await;
     let mut summary = match outcome {
         Ok(summary) => summary,
         Err(err) => Summary {
@@ -107,8 +113,17 @@ pub async fn run(opts: Options) -> anyhow::Result<Summary> {
             ..Summary::default()
         },
     };
-    finish(&system, &scratch, &mut summary).await;
+    finish(&system, &scratch, followers, &mut summary).await;
     Ok(summary)
+}
+
+/// The Docker pool's containers, followed from before the first one starts.
+fn follow_containers(system: &system::System) -> container_logs::ContainerLogs {
+    container_logs::ContainerLogs::follow(
+        system.docker.clone(),
+        system::names().docker_pool.clone(),
+        system.logs.clone(),
+    )
 }
 
 /// The run's system, in a scratch folder of its own.
@@ -129,14 +144,27 @@ async fn start_system(opts: &Options) -> anyhow::Result<(Arc<system::System>, Pa
     Ok((Arc::new(system::System::start(settings).await?), scratch))
 }
 
-/// The secret check over every log, then the teardown; the run's logs
-/// stay for a failed run, to be read.
-async fn finish(system: &system::System, scratch: &std::path::Path, summary: &mut Summary) {
+/// The teardown, the end of the containers' follows (each ends with its
+/// container), then the secret check over every log; the run's logs stay
+/// for a failed run, to be read.
+async fn finish(
+    system: &system::System,
+    scratch: &std::path::Path,
+    followers: container_logs::ContainerLogs,
+    summary: &mut Summary,
+) {
+    system.teardown().await;
+    let (containers, unread) = followers.finish(Duration::from_secs(15)).await;
+    println!("faults: the whole run: {}", containers.line());
+    summary.containers = containers.seen;
+    summary.unread_container_logs = containers.unreadable + containers.following;
+    summary
+        .failures
+        .extend(unread.into_iter().map(|f| format!("container logs: {f}")));
     let mut logs = invariants::Verdict::default();
     invariants::check_logs(system, &mut logs);
     summary.secret_lines = logs.secret_lines;
     summary.failures.extend(logs.failures);
-    system.teardown().await;
     if summary.failures.is_empty() {
         let _ = std::fs::remove_dir_all(scratch);
     } else {
@@ -148,7 +176,11 @@ async fn finish(system: &system::System, scratch: &std::path::Path, summary: &mu
     }
 }
 
-async fn run_scenarios(system: &Arc<system::System>, names: &[Name]) -> anyhow::Result<Summary> {
+async fn run_scenarios(
+    system: &Arc<system::System>,
+    names: &[Name],
+    followers: &container_logs::ContainerLogs,
+) -> anyhow::Result<Summary> {
     system.start_worker(system::Launcher::Docker).await?;
     system.start_worker(system::Launcher::Local).await?;
     let mut summary = Summary::default();
@@ -156,9 +188,18 @@ async fn run_scenarios(system: &Arc<system::System>, names: &[Name]) -> anyhow::
     // is not one the next scenario's fault is meant for.
     for name in names {
         let started = Instant::now();
+        let containers_before = followers.mark();
         println!("faults: {} …", name.label());
         let outcome = match scenarios::run(system, *name).await {
-            Ok(outcome) => outcome,
+            Ok(mut outcome) => {
+                outcome.verdict.failures.extend(
+                    followers
+                        .take_unreadable()
+                        .into_iter()
+                        .map(|f| format!("container logs: {f}")),
+                );
+                outcome
+            }
             Err(err) => {
                 summary.failures.push(format!(
                     "{}: the scenario could not go on: {err:#}",
@@ -177,6 +218,11 @@ async fn run_scenarios(system: &Arc<system::System>, names: &[Name]) -> anyhow::
             v.doubled,
             v.leaked,
             outcome.reclaims.len(),
+        );
+        println!(
+            "faults: {}: {}",
+            name.label(),
+            followers.counts_since(containers_before).line()
         );
         for failure in &v.failures {
             println!("faults: {}: {failure}", name.label());

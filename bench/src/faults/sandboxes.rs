@@ -1,23 +1,17 @@
 //! What the suite sees of its sandboxes: the Docker pool's containers and
-//! volumes, the local pool's records and workspaces; every container's
-//! output followed into the run's logs from the moment it appears (a
-//! container is gone with its logs once its supervisor removes it).
+//! volumes, the local pool's records and workspaces (their output is
+//! followed by `container_logs.rs`).
 
 use super::system::{names, WORKSPACE_BYTES};
 use bollard::query_parameters::{
-    ListContainersOptions, ListVolumesOptions, LogsOptions, RemoveContainerOptions,
-    RemoveVolumeOptions,
+    ListContainersOptions, ListVolumesOptions, RemoveContainerOptions, RemoveVolumeOptions,
 };
 use bollard::Docker;
-use futures::StreamExt;
 use mango_controller::core::naming::{
     LABEL_CLAIM, LABEL_MANAGED_BY, LABEL_POOL, LABEL_SESSION_ID, LABEL_WORK_ID,
 };
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::path::Path;
 
 /// A live sandbox of an item: which pool, Work, claim.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -161,54 +155,6 @@ pub fn left_of(
             .map(|s| format!("local workspace of {s}")),
     );
     left
-}
-
-/// Follows the output of every container of the Docker pool into
-/// `logs/container-<name>.log`, until the returned handle is dropped.
-pub fn follow_container_logs(docker: Docker, logs: PathBuf) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let followed: Arc<Mutex<HashSet<String>>> = Arc::default();
-        loop {
-            for c in containers(&docker, true).await {
-                let Some(id) = c.id.clone() else { continue };
-                if !followed.lock().unwrap().insert(id.clone()) {
-                    continue;
-                }
-                let name = c
-                    .names
-                    .unwrap_or_default()
-                    .first()
-                    .map(|n| n.trim_start_matches('/').to_string())
-                    .unwrap_or_else(|| id.clone());
-                let path = logs.join(format!("container-{name}.log"));
-                let docker = docker.clone();
-                tokio::spawn(async move {
-                    let Ok(mut file) = std::fs::OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                    else {
-                        return;
-                    };
-                    let mut stream = docker.logs(
-                        &id,
-                        Some(LogsOptions {
-                            follow: true,
-                            stdout: true,
-                            stderr: true,
-                            ..Default::default()
-                        }),
-                    );
-                    while let Some(Ok(chunk)) = stream.next().await {
-                        let _ = file.write_all(&chunk.into_bytes());
-                    }
-                });
-            }
-            // Poll interval: a container lives at least as long as its
-            // runner's first heartbeat, far longer than this.
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    })
 }
 
 /// Removes every container of the suite's Docker pool and every volume

@@ -13,7 +13,7 @@ use super::scenarios::{self, Name, Outcome};
 use super::soak_judge::{self, Judgment, Sample, Window};
 use super::soak_sample;
 use super::system::{Launcher, System};
-use super::{sandboxes, Options, Summary};
+use super::{Options, Summary};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ pub struct Report {
 
 pub async fn run(opts: Options, soak: Soak) -> anyhow::Result<Report> {
     let (system, scratch) = super::start_system(&opts).await?;
-    let followers = sandboxes::follow_container_logs(system.docker.clone(), system.logs.clone());
+    let followers = super::follow_containers(&system);
     let series: Arc<Mutex<Series>> = Arc::default();
     // Held by a fault round: the timed lease cycles wait, so that they never
     // take an item a scenario's own probe meant to claim.
@@ -71,7 +71,6 @@ pub async fn run(opts: Options, soak: Soak) -> anyhow::Result<Report> {
     let outcome = rounds(&system, &opts.scenarios, &soak, started, &series, &gate).await;
     sampler.abort();
     prober.abort();
-    followers.abort();
     let mut summary = outcome.unwrap_or_else(|err| Summary {
         failures: vec![format!("the soak could not go on: {err:#}")],
         ..Summary::default()
@@ -96,7 +95,7 @@ pub async fn run(opts: Options, soak: Soak) -> anyhow::Result<Report> {
             .iter()
             .map(|f| format!("lease cycle: {f}")),
     );
-    super::finish(&system, &scratch, &mut summary).await;
+    super::finish(&system, &scratch, followers, &mut summary).await;
     let [rss, bloat, p99] = &judgments;
     let line = format!(
         "soak_minutes={} soak_windows={} soak_rounds={} soak_faults={} soak_cycles={} soak_rss_growth={:.2} soak_bloat_growth={:.2} soak_p99_growth={:.2} soak_lost={} soak_doubled={} soak_leaked={} soak_secret_lines={} max_reclaim_s={:.1}",
