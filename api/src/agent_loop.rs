@@ -35,7 +35,9 @@ pub async fn run(ctx: ApiContext, model: Option<Arc<ModelEndpoint>>) {
     // Sessions advance side by side: one slow model call must not hold up the
     // others. The advisory lock keeps each Session to one step at a time
     // across replicas; `driving` avoids re-spawning one already in hand here.
-    let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_SESSIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(sessions_at_once(
+        ctx.db.options().get_max_connections(),
+    )));
     let driving: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
     loop {
         let notified = ctx.agent_wake.notified();
@@ -80,8 +82,18 @@ pub async fn run(ctx: ApiContext, model: Option<Arc<ModelEndpoint>>) {
     }
 }
 
-/// Sessions one api process advances at once.
+/// Sessions one api process advances at most at once.
 const CONCURRENT_SESSIONS: usize = 32;
+
+/// Sessions stepped at once on a pool of `pool_size` connections. A step
+/// holds one connection for its lock the whole step, the model call
+/// included, and takes another for each query: with as many steps as
+/// connections, every connection would hold a lock and wait for a second
+/// one, and the whole pool would stall until the acquire timeout. With at
+/// most half of them holding locks, the other half always turns over.
+fn sessions_at_once(pool_size: u32) -> usize {
+    (pool_size as usize / 2).clamp(1, CONCURRENT_SESSIONS)
+}
 
 /// Advances one Session as far as it can go without new input. `false`: another
 /// process is stepping it.
@@ -225,4 +237,18 @@ fn session_error(failure: &ModelFailure, retry: RetryStatus) -> EventBody {
             retry_status: retry,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sessions_at_once;
+
+    #[test]
+    fn steps_at_once_leave_half_the_pool_free_within_their_bound() {
+        assert_eq!(sessions_at_once(10), 5);
+        assert_eq!(sessions_at_once(3), 1);
+        assert_eq!(sessions_at_once(2), 1, "the smallest pool still steps");
+        assert_eq!(sessions_at_once(64), 32);
+        assert_eq!(sessions_at_once(100), 32);
+    }
 }

@@ -413,3 +413,48 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
         "events, work, outbox"
     );
 }
+
+/// More Sessions getting input at once than the api's pool has connections
+/// (`mango serve`'s default pool of 10), each model call slow enough that
+/// their steps overlap: every turn ends well inside the pool's 10 s acquire
+/// timeout. Each step holds a connection for its lock and needs another
+/// for its queries, so ten steps at once held the whole pool and stalled
+/// until the timeout, then failed with "the database is busy".
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn more_sessions_at_once_than_pool_connections_all_end_their_turns(db: sqlx::PgPool) {
+    const SESSIONS: usize = 16;
+    let model = ScriptedModel::start(vec![]).await;
+    for _ in 0..SESSIONS {
+        model.push_delayed_reply(
+            Duration::from_millis(500),
+            200,
+            model_reply(json!([{"type": "text", "text": "hello"}]), "end_turn"),
+        );
+    }
+    let pool = mango_api::db::api_pool(&db, 10).await.unwrap();
+    let settings = Settings {
+        model_base_url: Some(model.base.clone()),
+        model_api_key: Some(Secret(MODEL_KEY.into())),
+        ..Settings::default()
+    };
+    let app = TestApp::serve(db, mango_api::context::ApiContext::new(pool, settings)).await;
+    let mut sessions = Vec::new();
+    for _ in 0..SESSIONS {
+        sessions.push(session_with_tools(&app, json!([])).await);
+    }
+    let sent = Instant::now();
+    futures::future::join_all(sessions.iter().map(|s| say(&app, s, "hi"))).await;
+    for s in &sessions {
+        let e = until(&app, s, "end of turn", |e| idle_with(e, "end_turn")).await;
+        assert!(
+            !types(&e).contains(&"session.error"),
+            "{s}: {:?}",
+            types(&e)
+        );
+    }
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "{SESSIONS} turns of 0.5 s model calls took {took:?}: the steps stalled on the pool"
+    );
+}

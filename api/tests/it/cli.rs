@@ -278,3 +278,26 @@ async fn serve_without_a_model_warns_that_sessions_get_errors(db: sqlx::PgPool) 
     );
     assert!(!lines.iter().any(|l| l.contains("model endpoint")));
 }
+
+/// A pool of one would stall every Session step (its lock holds the one
+/// connection its queries need): refused by name, and two is enough.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_database_pool_of_fewer_than_two_connections_is_refused(db: sqlx::PgPool) {
+    let url = database_url(&db);
+    let list = |connections: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mango"))
+            .args(["api-key", "list", "-workspace", "wrkspc_default"])
+            .env("MANGO_DATABASE_URL", &url)
+            .env("MANGO_DB_MAX_CONNECTIONS", connections)
+            .output()
+            .expect("mango runs")
+    };
+    let refused = list("1");
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("db-max-connections") && err.contains("2.."),
+        "{err}"
+    );
+    stdout(&list("2"));
+}
