@@ -64,12 +64,14 @@ soak:
 	@MANGO_SANDBOX_IMAGE=mango-sandbox:soak scripts/sandbox-image.sh >/dev/null
 	@MANGO_BENCH_SANDBOX_IMAGE=mango-sandbox:soak target/debug/mango-bench soak $${MANGO_SOAK_ARGS:-}
 
-# Time to first tool call, end to end (release build): Docker cold and warm,
-# local, the Python SDK's worker per item (.venv), a burst of 20 new
-# Sessions on 20 warm, and the supervisor's RSS with that pool. Builds the
-# sandbox image mango-sandbox:bench with the release runner first; without a
-# Docker engine the Docker cases are n/a. MANGO_BENCH_TTFI_ARGS passes flags
-# (--ttfi-turns N, --quick).
+# Time to first tool call, end to end (release build): Docker cold, warm and
+# kept, local, the Python SDK's worker per item (.venv), Kubernetes cold,
+# warm and kept against the strict fake, a burst of 20 new Sessions on 20
+# warm, and the supervisor's RSS with that pool. Builds the sandbox image
+# mango-sandbox:bench with the release runner first; without a Docker engine
+# the Docker cases are n/a. MANGO_BENCH_TTFI_ARGS passes flags
+# (--ttfi-turns N, --quick, --ttfi-only k8s: the Kubernetes cases alone,
+# with no Docker engine or Python needed).
 bench-ttfi:
 	@cargo build --release -q -p mango-runner -p mango-controller -p mango-bench \
 		--bin mango-runner --bin mango-worker --bin mango-bench

@@ -237,6 +237,10 @@ struct Cli {
     /// New Sessions at once on a warm pool of as many (ttfi).
     #[arg(long, default_value_t = 20, global = true)]
     ttfi_burst: usize,
+    /// Only this part of ttfi (`k8s`: the Kubernetes launcher against the
+    /// strict fake, cold, warm and kept; no Docker engine, image or Python).
+    #[arg(long, value_enum, global = true)]
+    ttfi_only: Option<ttfi::Only>,
     /// A quick run of ttfi (2 turns per case, a burst of 2): that it runs
     /// and reports, not figures.
     #[arg(long, global = true)]
@@ -500,7 +504,13 @@ async fn run(
 }
 
 fn ttfi_options(cli: &Cli) -> ttfi::Options {
-    ttfi::Options::new(cli.ttfi_turns, cli.ttfi_warm, cli.ttfi_burst, cli.quick)
+    ttfi::Options::new(
+        cli.ttfi_turns,
+        cli.ttfi_warm,
+        cli.ttfi_burst,
+        cli.quick,
+        cli.ttfi_only,
+    )
 }
 
 fn check(cli: &Cli) -> anyhow::Result<()> {
@@ -661,7 +671,9 @@ async fn main() -> std::process::ExitCode {
     }
     // The supervisor's Docker half needs the api where sandboxes reach the
     // host (the bridge's gateway), so the engine is looked at first.
-    let docker = if matches!(command, Command::Supervisor | Command::Ttfi) {
+    let docker = if command == Command::Supervisor
+        || (command == Command::Ttfi && ttfi_options(&cli).all_cases())
+    {
         println!(
             "mango-bench: looking for a Docker engine and {}",
             cli.sandbox_image

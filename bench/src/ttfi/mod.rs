@@ -19,13 +19,15 @@
 //!   `EnvironmentWorker.handle_item()` per item (the peer baseline);
 //!
 //! Then the Kubernetes launcher against the strict fake apiserver
-//! ([`k8s`]): Ack → delivered, cold and warm.
+//! ([`k8s`]): Ack → delivered, cold, warm and kept.
 //!
 //! Then `mango-worker docker` as its own process: its RSS idle without a
 //! pool and with a pool of `--ttfi-burst` (20) full, and that many new
 //! Sessions at once on that pool (the largest TTFI).
 //!
-//! Every figure is printed as a ratio against Docker cold of the same run.
+//! Every figure is printed as a ratio against Docker cold of the same run
+//! (Kubernetes warm and kept against Kubernetes cold). `--ttfi-only k8s`
+//! runs the Kubernetes cases alone (no Docker engine, image or Python).
 
 mod burst;
 mod cases;
@@ -61,6 +63,13 @@ const TARGET_K8S_DELIVERED_P50_MS: f64 = 15.0;
 /// envelope: far longer than a round of the other cases.
 const KEEP_IDLE: Duration = Duration::from_secs(300);
 
+/// A part of `ttfi` run alone (`--ttfi-only`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Only {
+    /// The Kubernetes launcher against the strict fake: cold, warm, kept.
+    K8s,
+}
+
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Measured turns per case.
@@ -71,17 +80,26 @@ pub struct Options {
     pub warm: usize,
     /// Sessions at once in the burst, and its pool.
     pub burst: usize,
+    /// Only this part; `None`: every case.
+    pub only: Option<Only>,
 }
 
 impl Options {
     /// The figures' defaults, or the smoke test's quick run.
-    pub fn new(turns: usize, warm: usize, burst: usize, quick: bool) -> Options {
+    pub fn new(
+        turns: usize,
+        warm: usize,
+        burst: usize,
+        quick: bool,
+        only: Option<Only>,
+    ) -> Options {
         if quick {
             return Options {
                 turns: 2,
                 warmup: 0,
                 warm: 1,
                 burst: 2,
+                only,
             };
         }
         Options {
@@ -89,7 +107,14 @@ impl Options {
             warmup: 1,
             warm,
             burst,
+            only,
         }
+    }
+
+    /// Whether the Docker, local and SDK cases run (they need an engine,
+    /// an image or Python).
+    pub fn all_cases(&self) -> bool {
+        self.only.is_none()
     }
 
     pub fn check(&self) -> anyhow::Result<()> {
@@ -128,7 +153,7 @@ pub struct TtfiResult {
     pub warm: Option<Spread>,
     pub warm_beat: Option<Spread>,
     pub kept: Option<Spread>,
-    pub local: Spread,
+    pub local: Option<Spread>,
     pub sdk: Option<Spread>,
     pub burst: Option<burst::BurstResult>,
     pub k8s: k8s::KubeResult,
@@ -204,6 +229,9 @@ pub async fn run(
     opts: &Options,
     docker: Option<Result<DockerEnv, String>>,
 ) -> anyhow::Result<TtfiResult> {
+    if opts.only == Some(Only::K8s) {
+        return run_k8s_only(bench, opts).await;
+    }
     println!(
         "ttfi: {} measured turns per case (after {} warm-up), interleaved; the scripted model asks for `{COMMAND}` at once; load average {}",
         opts.turns,
@@ -376,7 +404,7 @@ pub async fn run(
         warm: spread_of("docker warm", false),
         warm_beat: spread_of("docker warm", true),
         kept: spread_of("docker kept", false),
-        local: spread_of("local", false).context("the local case has no samples")?,
+        local: Some(spread_of("local", false).context("the local case has no samples")?),
         sdk: spread_of("sdk", false),
         burst: None,
         k8s: k8s::run(bench, &agent, opts).await?,
@@ -403,6 +431,34 @@ pub async fn run(
     report(&result, went_cold, opts);
     println!("ttfi: load average at the end {}", load());
     Ok(result)
+}
+
+/// `--ttfi-only k8s`: the Kubernetes cases alone.
+async fn run_k8s_only(bench: &Bench, opts: &Options) -> anyhow::Result<TtfiResult> {
+    println!(
+        "ttfi: kubernetes only: {} measured turns per case (after {} warm-up), interleaved; load average {}",
+        opts.turns,
+        opts.warmup,
+        load()
+    );
+    let agent = bench
+        .api
+        .create_agent_with_tools("bench-ttfi", "claude-scripted")
+        .await?;
+    let k8s = k8s::run(bench, &agent, opts).await?;
+    k8s::report(&k8s, TARGET_K8S_DELIVERED_P50_MS);
+    println!("ttfi: load average at the end {}", load());
+    Ok(TtfiResult {
+        cold: None,
+        cold_beat: None,
+        warm: None,
+        warm_beat: None,
+        kept: None,
+        local: None,
+        sdk: None,
+        burst: None,
+        k8s,
+    })
 }
 
 /// Every case one turn at a time, round after round; each round starts
@@ -478,11 +534,9 @@ fn report(r: &TtfiResult, went_cold: (Option<usize>, Option<usize>), opts: &Opti
         }
         None => println!("ttfi: docker kept: n/a (no Docker engine or image; see above)"),
     }
-    println!(
-        "ttfi: local: TTFI {} {}",
-        r.local,
-        vs(r.local.p50, cold, "ms")
-    );
+    if let Some(local) = r.local {
+        println!("ttfi: local: TTFI {local} {}", vs(local.p50, cold, "ms"));
+    }
     match (r.sdk, r.warm) {
         (Some(s), warm) => {
             println!(
@@ -533,7 +587,7 @@ mod tests {
 
     #[test]
     fn options_are_checked_at_their_edges() {
-        let ok = |turns, warm, burst| Options::new(turns, warm, burst, false).check();
+        let ok = |turns, warm, burst| Options::new(turns, warm, burst, false, None).check();
         assert!(ok(1, 1, 1).is_ok());
         assert!(ok(30, MAX_WARM, MAX_WARM).is_ok());
         assert!(ok(0, 2, 20)
@@ -556,9 +610,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--ttfi-burst"));
-        let quick = Options::new(0, 0, 0, true);
+        let quick = Options::new(0, 0, 0, true, Some(Only::K8s));
         assert!(quick.check().is_ok(), "quick mode ignores the counts");
         assert!(quick.turns < 30 && quick.burst < 20);
+        assert_eq!(
+            quick.only,
+            Some(Only::K8s),
+            "quick keeps the part asked for"
+        );
     }
 
     #[test]
@@ -575,13 +634,15 @@ mod tests {
             warm: None,
             warm_beat: None,
             kept: None,
-            local: s(50.0),
+            local: Some(s(50.0)),
             sdk: Some(s(900.0)),
             burst: None,
             k8s: k8s::KubeResult {
                 cold: None,
                 warm: None,
+                kept: None,
                 warm_went_cold: 0,
+                kept_went_cold: 0,
             },
         };
         assert_eq!(
@@ -603,7 +664,9 @@ mod tests {
             k8s: k8s::KubeResult {
                 cold: Some(s(30.0)),
                 warm: Some(s(4.126)),
+                kept: Some(s(2.0)),
                 warm_went_cold: 0,
+                kept_went_cold: 0,
             },
             ..r
         };

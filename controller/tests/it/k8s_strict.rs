@@ -7,7 +7,7 @@
 //! stops it when the Pod is deleted (its grace counted by the fake).
 
 use mango_controller::kubernetes::crd::WorkerPool;
-use mango_testkit::apiserver::{ApiServer, Attached, Options};
+use mango_testkit::apiserver::{container, ApiServer, Attached, Options};
 use mango_testkit::TestApp;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -60,11 +60,6 @@ pub fn running(pod: &Value) -> Value {
         })
         .collect();
     json!({"phase": "Running", "containerStatuses": statuses})
-}
-
-pub fn terminating(fake: &ApiServer, pod: &str) -> bool {
-    fake.pod(pod)
-        .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
 }
 
 /// Whether every PVC the Pod mounts exists: the scheduler places no Pod
@@ -147,10 +142,10 @@ pub fn kubelet_with(
     })
 }
 
-/// The container: the runner with the Pod's env and the attach's stdin,
-/// stopped when its Pod is deleted; then its terminated state. With
-/// `later` (`stdinOnce: false`) its stdin stays open for later attaches;
-/// otherwise it closes after the first, as the kubelet closes it.
+/// The container: the real runner (`mango-worker item`, the runner built
+/// into it) with the Pod's env and the attach's stdin, stopped when its
+/// Pod is deleted; then its terminated state (testkit's
+/// [`container::run_container`]).
 pub async fn run_container(
     fake: Arc<ApiServer>,
     volumes: PathBuf,
@@ -159,84 +154,11 @@ pub async fn run_container(
     later: Option<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>,
     running_now: Arc<Mutex<HashSet<String>>>,
 ) {
-    let spec = &attached.manifest["spec"];
-    let workspace = match spec["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
-    {
-        Some(claim) => volumes.join(claim),
-        None => volumes.join(format!("empty-{}", attached.pod)),
-    };
-    std::fs::create_dir_all(&workspace).unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_mango-worker"));
-    command.arg("item");
-    // A warm Pod's command waits for its envelope (`mango-runner --wait …`).
-    let runner_args = spec["containers"][0]["command"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .skip(1)
-        .filter_map(|a| a.as_str());
-    command.args(runner_args);
-    command
-        .env_clear()
-        .stdin(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    for var in spec["containers"][0]["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        if let (Some(name), Some(value)) = (var["name"].as_str(), var["value"].as_str()) {
-            command.env(name, value);
-        }
-    }
-    command.env("MANGO_WORKSPACE", &workspace);
-    for (name, value) in extra.iter() {
-        command.env(name, value);
-    }
-    command.env("PATH", std::env::var("PATH").unwrap_or_default());
-    let mut child = command.spawn().expect("the runner starts");
-    let mut stdin = child.stdin.take().unwrap();
-    {
-        use tokio::io::AsyncWriteExt;
-        stdin.write_all(&attached.stdin).await.unwrap();
-    }
-    let feeding = tokio::spawn(async move {
-        use tokio::io::AsyncWriteExt;
-        let Some(mut later) = later else { return };
-        while let Some(bytes) = later.recv().await {
-            if stdin.write_all(&bytes).await.is_err() {
-                return;
-            }
-        }
+    let runner = Arc::new(container::Runner {
+        program: env!("CARGO_BIN_EXE_mango-worker").into(),
+        args: vec!["item".into()],
     });
-    let deleted = async {
-        while !terminating(&fake, &attached.pod) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    let code = tokio::select! {
-        status = child.wait() => Some(status.unwrap().code().unwrap_or(137)),
-        _ = deleted => {
-            let _ = child.kill().await;
-            None
-        }
-    };
-    if let Some(code) = code {
-        let phase = if code == 0 { "Succeeded" } else { "Failed" };
-        fake.set_pod_status(
-            &attached.pod,
-            json!({"phase": phase, "containerStatuses": [{
-            "name": "runner", "image": "mango-sandbox:test", "imageID": "", "ready": false,
-            "restartCount": 0, "state": {"terminated": {"exitCode": code,
-                "finishedAt": "2026-12-01T00:00:01Z"}}}]}),
-        );
-    }
-    feeding.abort();
-    running_now.lock().unwrap().remove(&attached.pod);
+    container::run_container(fake, runner, volumes, attached, extra, later, running_now).await
 }
 
 /// The Pod requests (no watches, no lists), in order, `{pod}` for its name.

@@ -30,6 +30,7 @@
 //! [`ApiServer::attached`]). Every request is recorded.
 
 mod attach;
+pub mod container;
 mod discovery;
 pub mod errors;
 pub mod fields;
