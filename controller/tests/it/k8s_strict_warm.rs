@@ -355,37 +355,3 @@ async fn a_healthchecks_warm_pod_takes_its_pvc_with_it_and_a_changed_image_recyc
     watch.abort();
     watch_b.abort();
 }
-
-/// The binding writes the warm Pod as the launcher's watch shows it: one
-/// labels patch preconditioned on that `resourceVersion`, no read of the
-/// Pod first (a stale copy would only cost a 409 and a read, as the race
-/// above shows).
-#[tokio::test]
-async fn a_warm_binding_patches_the_pod_its_watch_shows_without_reading_it_again() {
-    let fake = k8s_strict::fake_with(Options::default()).await;
-    let pool = warm_pool(&fake, "env_1", "mango_envk_unused", json!({"replicas": 1}));
-    let (launcher, watch) = launcher(&fake, &pool, "http://mango-api:8080").await;
-    let kubelet = k8s_strict::kubelet(
-        fake.clone(),
-        tempfile::tempdir().unwrap().keep(),
-        Attaches::default(),
-    );
-    let warm = launcher.create_warm("a").await.expect("a warm Pod");
-    let before = k8s_strict::pod_calls(&fake, &warm.name).len();
-    let bound = launcher
-        .bind(&warm, &spec_of("work_w1", "sesn_w1"))
-        .await
-        .expect("bound");
-    let calls = k8s_strict::pod_calls(&fake, &warm.name)[before..].to_vec();
-    let pod_calls: Vec<&String> = calls.iter().filter(|c| c.contains("/pods/")).collect();
-    assert_eq!(
-        pod_calls,
-        vec!["PATCH /api/v1/namespaces/sandboxes/pods/{pod}?"],
-        "{calls:?}"
-    );
-    let pod = fake.pod(&warm.name).unwrap();
-    assert_eq!(pod["metadata"]["labels"]["mango.dev/work-id"], "work_w1");
-    launcher.remove(&bound).await.unwrap();
-    kubelet.abort();
-    watch.abort();
-}

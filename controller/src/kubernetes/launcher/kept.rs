@@ -13,7 +13,6 @@ use crate::core::naming;
 use crate::kubernetes::pod::kept as kept_pod;
 use crate::kubernetes::pod::warm::ANNOTATION_TEMPLATE;
 use crate::kubernetes::validation;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::ResourceExt;
 use std::time::Instant;
@@ -35,45 +34,16 @@ impl PodLauncher {
 
     /// The template digest the Pod was made from (as [`PodLauncher::warm_template`]
     /// names the pool's now); `None` for a Pod gone or made without one.
-    /// It is set at the Pod's creation and never patched, so the watch's
-    /// copy tells it as well as a read would.
     pub(super) async fn template_of(
         &self,
         sandbox: &Sandbox,
     ) -> Result<Option<String>, LaunchError> {
-        let template = |pod: &Pod| pod.annotations().get(ANNOTATION_TEMPLATE).cloned();
-        if let Some(pod) = self.store.get(&sandbox.name) {
-            return Ok(template(&pod));
-        }
         let pod = self
             .pods
             .get_opt(&sandbox.name)
             .await
             .map_err(|e| launch_error(&format!("reading Pod {}", sandbox.name), e))?;
-        Ok(pod.as_ref().and_then(template))
-    }
-
-    /// Pod `name` to write with its `resourceVersion` as the precondition:
-    /// on the first `attempt` the watch's copy when `usable` says it can
-    /// be written as it is, otherwise (and after a conflict) as the API
-    /// server has it now. A stale copy costs a 409 and this read, never a
-    /// wrong write: the precondition refuses it; and a copy that is not
-    /// `usable` decides nothing, the API server's answer does.
-    pub(super) async fn pod_to_write(
-        &self,
-        name: &str,
-        attempt: usize,
-        usable: impl Fn(&Pod) -> bool,
-    ) -> Result<Option<Pod>, LaunchError> {
-        if attempt == 0 {
-            if let Some(pod) = self.store.get(name).filter(|pod| usable(pod)) {
-                return Ok(Some(Pod::clone(&pod)));
-            }
-        }
-        self.pods
-            .get_opt(name)
-            .await
-            .map_err(|e| launch_error(&format!("reading Pod {name}"), e))
+        Ok(pod.and_then(|p| p.annotations().get(ANNOTATION_TEMPLATE).cloned()))
     }
 
     /// Rebinds the kept `sandbox` to `spec`'s item of the same Session:
@@ -93,12 +63,12 @@ impl PodLauncher {
         }
         validation::labels(&spec.labels)
             .map_err(|e| invalid_label(&format!("rebinding Pod {name}"), e))?;
-        for attempt in 0..BIND_ATTEMPTS {
+        for _ in 0..BIND_ATTEMPTS {
             let pod = self
-                .pod_to_write(name, attempt, |pod| {
-                    naming::item_of(pod.labels()).as_ref() == Some(&sandbox.item) && running(pod)
-                })
-                .await?
+                .pods
+                .get_opt(name)
+                .await
+                .map_err(|e| launch_error(&format!("reading kept Pod {name}"), e))?
                 .ok_or_else(|| LaunchError::NotFound(name.to_string()))?;
             if naming::item_of(pod.labels()).as_ref() != Some(&sandbox.item) {
                 return Err(LaunchError::Taken(name.to_string()));

@@ -177,12 +177,12 @@ impl PodLauncher {
     }
 
     async fn bind_pod(&self, name: &str, spec: &SandboxSpec) -> Result<(), LaunchError> {
-        for attempt in 0..BIND_ATTEMPTS {
+        for _ in 0..BIND_ATTEMPTS {
             let pod = self
-                .pod_to_write(name, attempt, |pod| {
-                    warm_pod::is_unbound(pod.labels()) && running(pod)
-                })
-                .await?
+                .pods
+                .get_opt(name)
+                .await
+                .map_err(|e| launch_error(&format!("reading warm Pod {name}"), e))?
                 .ok_or_else(|| LaunchError::NotFound(name.to_string()))?;
             if !warm_pod::is_unbound(pod.labels()) {
                 return Err(LaunchError::Taken(name.to_string()));
