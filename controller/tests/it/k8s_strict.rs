@@ -62,6 +62,12 @@ pub fn running(pod: &Value) -> Value {
     json!({"phase": "Running", "containerStatuses": statuses})
 }
 
+/// Whether Pod `pod` is gone or going (its deletion asked for).
+pub fn terminating(fake: &ApiServer, pod: &str) -> bool {
+    fake.pod(pod)
+        .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+}
+
 /// Whether every PVC the Pod mounts exists: the scheduler places no Pod
 /// whose claim is missing (it stays Pending, `persistentvolumeclaim "…"
 /// not found`), so a warm Pod, made before its PVC, runs only after it.
