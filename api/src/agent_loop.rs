@@ -85,14 +85,15 @@ pub async fn run(ctx: ApiContext, model: Option<Arc<ModelEndpoint>>) {
 /// Sessions one api process advances at most at once.
 const CONCURRENT_SESSIONS: usize = 32;
 
-/// Sessions stepped at once on a pool of `pool_size` connections. A step
-/// holds one connection for its lock the whole step, the model call
-/// included, and takes another for each query: with as many steps as
-/// connections, every connection would hold a lock and wait for a second
-/// one, and the whole pool would stall until the acquire timeout. With at
-/// most half of them holding locks, the other half always turns over.
+/// Sessions stepped at once on a pool of `pool_size` connections. The
+/// LISTEN connection keeps one of them for the process's life. A step
+/// holds one for its lock the whole step, the model call included, and
+/// takes another for each query: with as many steps as connections, every
+/// connection would hold a lock and wait for a second one, and the whole
+/// pool would stall until the acquire timeout. With at most half of the
+/// rest holding locks, the other half always turns over.
 fn sessions_at_once(pool_size: u32) -> usize {
-    (pool_size as usize / 2).clamp(1, CONCURRENT_SESSIONS)
+    (pool_size.saturating_sub(1) as usize / 2).clamp(1, CONCURRENT_SESSIONS)
 }
 
 /// Advances one Session as far as it can go without new input. `false`: another
@@ -245,10 +246,11 @@ mod tests {
 
     #[test]
     fn steps_at_once_leave_half_the_pool_free_within_their_bound() {
-        assert_eq!(sessions_at_once(10), 5);
-        assert_eq!(sessions_at_once(3), 1);
-        assert_eq!(sessions_at_once(2), 1, "the smallest pool still steps");
-        assert_eq!(sessions_at_once(64), 32);
+        assert_eq!(sessions_at_once(10), 4);
+        assert_eq!(sessions_at_once(4), 1);
+        assert_eq!(sessions_at_once(3), 1, "the smallest pool still steps");
+        assert_eq!(sessions_at_once(65), 32);
+        assert_eq!(sessions_at_once(66), 32);
         assert_eq!(sessions_at_once(100), 32);
     }
 }

@@ -30,11 +30,12 @@ struct Database {
     /// PostgreSQL URL of the lease store.
     #[arg(long, env = "MANGO_DATABASE_URL", hide_env_values = true)]
     database_url: String,
-    /// Connections in the pool (two at least: a Session's agent-loop step
-    /// holds one for its lock and queries on another; it steps half the
-    /// pool's number of Sessions at once, at most 32).
+    /// Connections in the pool (three at least: the LISTEN connection keeps
+    /// one, and a Session's agent-loop step holds one for its lock and
+    /// queries on another; half of the pool but one step Sessions at once,
+    /// at most 32).
     #[arg(long, env = "MANGO_DB_MAX_CONNECTIONS", default_value_t = 10,
-          value_parser = clap::value_parser!(u32).range(2..))]
+          value_parser = clap::value_parser!(u32).range(3..))]
     db_max_connections: u32,
 }
 

@@ -100,7 +100,9 @@ impl Leftover {
         let Some(body) = left else {
             return response;
         };
+        // A rest declared larger than the bound is not waited for at all.
         let drained = !self.awaits_continue
+            && body.size_hint().lower() <= MAX_DRAINED_BYTES as u64
             && tokio::time::timeout(within, drain(body, MAX_DRAINED_BYTES))
                 .await
                 .unwrap_or(false);

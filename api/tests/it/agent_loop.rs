@@ -422,29 +422,47 @@ async fn a_session_deleted_during_a_step_ends_it_quietly(db: sqlx::PgPool) {
 /// until the timeout, then failed with "the database is busy".
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn more_sessions_at_once_than_pool_connections_all_end_their_turns(db: sqlx::PgPool) {
-    const SESSIONS: usize = 16;
+    turns_at_once_on_a_pool(db, 10, 16, Duration::from_secs(8)).await;
+}
+
+/// The smallest pool `mango serve` takes (3: the LISTEN connection, a
+/// step's lock, its queries) steps Sessions one after another.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_pool_of_three_steps_sessions_one_after_another(db: sqlx::PgPool) {
+    turns_at_once_on_a_pool(db, 3, 3, Duration::from_secs(8)).await;
+}
+
+/// `sessions` Sessions say "hi" at once to an api with a pool of
+/// `connections`, each model call taking 0.5 s: every turn ends, with no
+/// `session.error`, within `bound` of the sends.
+async fn turns_at_once_on_a_pool(
+    db: sqlx::PgPool,
+    connections: u32,
+    sessions: usize,
+    bound: Duration,
+) {
     let model = ScriptedModel::start(vec![]).await;
-    for _ in 0..SESSIONS {
+    for _ in 0..sessions {
         model.push_delayed_reply(
             Duration::from_millis(500),
             200,
             model_reply(json!([{"type": "text", "text": "hello"}]), "end_turn"),
         );
     }
-    let pool = mango_api::db::api_pool(&db, 10).await.unwrap();
+    let pool = mango_api::db::api_pool(&db, connections).await.unwrap();
     let settings = Settings {
         model_base_url: Some(model.base.clone()),
         model_api_key: Some(Secret(MODEL_KEY.into())),
         ..Settings::default()
     };
     let app = TestApp::serve(db, mango_api::context::ApiContext::new(pool, settings)).await;
-    let mut sessions = Vec::new();
-    for _ in 0..SESSIONS {
-        sessions.push(session_with_tools(&app, json!([])).await);
+    let mut ids = Vec::new();
+    for _ in 0..sessions {
+        ids.push(session_with_tools(&app, json!([])).await);
     }
     let sent = Instant::now();
-    futures::future::join_all(sessions.iter().map(|s| say(&app, s, "hi"))).await;
-    for s in &sessions {
+    futures::future::join_all(ids.iter().map(|s| say(&app, s, "hi"))).await;
+    for s in &ids {
         let e = until(&app, s, "end of turn", |e| idle_with(e, "end_turn")).await;
         assert!(
             !types(&e).contains(&"session.error"),
@@ -454,7 +472,7 @@ async fn more_sessions_at_once_than_pool_connections_all_end_their_turns(db: sql
     }
     let took = sent.elapsed();
     assert!(
-        took < Duration::from_secs(8),
-        "{SESSIONS} turns of 0.5 s model calls took {took:?}: the steps stalled on the pool"
+        took < bound,
+        "{sessions} turns of 0.5 s model calls on a pool of {connections} took {took:?}: the steps stalled on the pool"
     );
 }

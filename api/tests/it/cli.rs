@@ -279,10 +279,11 @@ async fn serve_without_a_model_warns_that_sessions_get_errors(db: sqlx::PgPool) 
     assert!(!lines.iter().any(|l| l.contains("model endpoint")));
 }
 
-/// A pool of one would stall every Session step (its lock holds the one
-/// connection its queries need): refused by name, and two is enough.
+/// A pool of two would stall every Session step (the LISTEN connection
+/// keeps one, and a step's lock the other its queries need): refused by
+/// name; three is taken (`agent_loop::a_pool_of_three_steps_…` runs turns on it).
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
-async fn a_database_pool_of_fewer_than_two_connections_is_refused(db: sqlx::PgPool) {
+async fn a_database_pool_of_fewer_than_three_connections_is_refused(db: sqlx::PgPool) {
     let url = database_url(&db);
     let list = |connections: &str| {
         Command::new(env!("CARGO_BIN_EXE_mango"))
@@ -292,12 +293,12 @@ async fn a_database_pool_of_fewer_than_two_connections_is_refused(db: sqlx::PgPo
             .output()
             .expect("mango runs")
     };
-    let refused = list("1");
+    let refused = list("2");
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        err.contains("db-max-connections") && err.contains("2.."),
+        err.contains("db-max-connections") && err.contains("3.."),
         "{err}"
     );
-    stdout(&list("2"));
+    stdout(&list("3"));
 }

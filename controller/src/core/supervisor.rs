@@ -398,8 +398,8 @@ impl<L: Launcher> Shared<L> {
             let shared = self.clone();
             items.spawn(async move {
                 let mut stamps = Stamps::default();
-                // Adopted, it is never kept: whether its runner still waits
-                // for a next envelope, or which, this run cannot know.
+                // Adopted, it is never kept: which Session's next envelope
+                // its runner would take, this run cannot tell.
                 shared.watch(&sandbox, verdict, &mut stamps, false).await;
                 shared.finish(&sandbox.item, &stamps);
                 drop(permit);

@@ -64,6 +64,9 @@ pub struct Settings {
     pub check_crd: bool,
 }
 
+/// How long shutting down waits for every pool's supervisor to detach.
+const DETACH_ALL_BOUND: Duration = Duration::from_secs(45);
+
 /// What one pool's supervisor was started with, to tell whether it still fits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fit {
@@ -271,7 +274,17 @@ impl Context {
             .values()
             .cloned()
             .collect();
-        futures::future::join_all(stopping).await;
+        // Each detach is bounded (its request bound, or a drain's grace for
+        // one whose key was refused); this bound keeps the whole inside the
+        // Deployment's 60 s termination grace, so the Lease is still released.
+        if tokio::time::timeout(DETACH_ALL_BOUND, futures::future::join_all(stopping))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "some pool's supervisor had not detached within {DETACH_ALL_BOUND:?}; exiting all the same"
+            );
+        }
     }
 
     /// Stops the supervisors of pools that no longer exist.

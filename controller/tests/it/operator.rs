@@ -289,7 +289,9 @@ async fn an_environment_key_starts_the_pools_supervisor_and_the_status_shows_it_
             seen.uri
         );
     }
-    ctx.detach_all().await;
+    tokio::time::timeout(std::time::Duration::from_secs(60), ctx.detach_all())
+        .await
+        .expect("every supervisor detaches");
 }
 
 #[tokio::test]
@@ -425,7 +427,9 @@ async fn an_unreachable_api_shows_as_degraded_with_an_event(db: sqlx::PgPool) {
             seen.uri
         );
     }
-    ctx.detach_all().await;
+    tokio::time::timeout(std::time::Duration::from_secs(60), ctx.detach_all())
+        .await
+        .expect("every supervisor detaches");
 }
 
 const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workerpools.mango.dev";
@@ -533,7 +537,9 @@ async fn a_crd_older_than_the_controller_stops_every_pool_until_it_is_applied(db
         .await;
     let last = mock.seen().into_iter().rfind(|s| s.uri == STATUS).unwrap();
     assert_ne!(condition(&last.body, "Ready")["reason"], "CrdUnreadable");
-    ctx.detach_all().await;
+    tokio::time::timeout(std::time::Duration::from_secs(60), ctx.detach_all())
+        .await
+        .expect("every supervisor detaches");
 }
 
 /// A pool whose name or Environment id is no label value would have every
@@ -696,7 +702,9 @@ async fn hardening_the_api_server_dropped_shows_on_the_pool(db: sqlx::PgPool) {
         "True",
         "it still launches"
     );
-    ctx.detach_all().await;
+    tokio::time::timeout(std::time::Duration::from_secs(60), ctx.detach_all())
+        .await
+        .expect("every supervisor detaches");
     api.stop_work(&check.id, true).await;
 }
 
