@@ -125,6 +125,17 @@ fn pod_watches(fake: &ApiServer) -> usize {
         .count()
 }
 
+/// The Pods whose attach delivered something (a secret or an envelope).
+fn delivered(attaches: &Attaches) -> Vec<String> {
+    attaches
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|a| !a.stdin.is_empty())
+        .map(|a| a.pod.clone())
+        .collect()
+}
+
 /// The Pods labelled with Work `work_id`.
 fn pods_of(fake: &ApiServer, work_id: &str) -> Vec<String> {
     fake.pods()
@@ -234,15 +245,11 @@ impl HandingOff {
         let work = until_stopped(&self.api, &self.check, Duration::from_secs(60)).await;
         let result = work.result.expect("a stopped check has a result");
         assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
-        let delivered: Vec<String> = self
-            .attaches
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|a| !a.stdin.is_empty())
-            .map(|a| a.pod.clone())
-            .collect();
-        assert_eq!(delivered, vec![self.held.clone()], "the held Pod served it");
+        assert_eq!(
+            delivered(&self.attaches),
+            vec![self.held.clone()],
+            "the held Pod served it"
+        );
         assert!(self.node.deleted_pending.lock().unwrap().is_empty());
         crate::support::until(
             "the latest supervisor Ready",
@@ -342,16 +349,8 @@ async fn an_operator_shut_down_mid_hand_off_returns_only_once_its_supervisor_det
     let work = until_stopped(&live.api, &live.check, Duration::from_secs(60)).await;
     let result = work.result.expect("a stopped check has a result");
     assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
-    let delivered: Vec<String> = live
-        .attaches
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|a| !a.stdin.is_empty())
-        .map(|a| a.pod.clone())
-        .collect();
     assert_eq!(
-        delivered,
+        delivered(&live.attaches),
         vec![live.held.clone()],
         "the held Pod got its secret"
     );
