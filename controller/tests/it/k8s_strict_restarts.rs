@@ -208,6 +208,18 @@ async fn handing_off(db: sqlx::PgPool) -> HandingOff {
 }
 
 impl HandingOff {
+    /// The check succeeds, served by the held Pod alone: it got the secret.
+    async fn assert_the_held_pod_served_the_check(&self) {
+        let work = until_stopped(&self.api, &self.check, Duration::from_secs(60)).await;
+        let result = work.result.expect("a stopped check has a result");
+        assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
+        assert_eq!(
+            delivered(&self.attaches),
+            vec![self.held.clone()],
+            "the held Pod served it"
+        );
+    }
+
     /// Until the operator has started its `n`th supervisor of the pool: each
     /// watches the pool's Pods at once (its status is no sign, as a pool
     /// whose supervisor waits is not Ready).
@@ -242,14 +254,7 @@ impl HandingOff {
              and removed the Pods being handed their secret: {removed:?}"
         );
         self.node.pending.store(false, Ordering::SeqCst);
-        let work = until_stopped(&self.api, &self.check, Duration::from_secs(60)).await;
-        let result = work.result.expect("a stopped check has a result");
-        assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
-        assert_eq!(
-            delivered(&self.attaches),
-            vec![self.held.clone()],
-            "the held Pod served it"
-        );
+        self.assert_the_held_pod_served_the_check().await;
         assert!(self.node.deleted_pending.lock().unwrap().is_empty());
         crate::support::until(
             "the latest supervisor Ready",
@@ -346,13 +351,6 @@ async fn an_operator_shut_down_mid_hand_off_returns_only_once_its_supervisor_det
         .await
         .expect("the operator returns once the hand-off is done")
         .expect("the operator's task");
-    let work = until_stopped(&live.api, &live.check, Duration::from_secs(60)).await;
-    let result = work.result.expect("a stopped check has a result");
-    assert_eq!(result.status, CheckStatus::Succeeded, "{}", result.message);
-    assert_eq!(
-        delivered(&live.attaches),
-        vec![live.held.clone()],
-        "the held Pod got its secret"
-    );
+    live.assert_the_held_pod_served_the_check().await;
     live.kubelet.abort();
 }
