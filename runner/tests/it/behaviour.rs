@@ -218,13 +218,23 @@ async fn results_for(operator: &Client, session_id: &str, call_ids: &[String]) -
     .await
 }
 
-/// A pid written by a tool call, once the file is complete.
-async fn pid_in(file: &Path) -> libc::pid_t {
-    eventually("a pid file", WAIT, || async move {
-        let text = std::fs::read_to_string(file).ok()?;
-        text.strip_suffix('\n')?.trim().parse().ok()
-    })
-    .await
+/// A pid written by a tool call, once the file is complete. A timeout
+/// prints the runner's log: the call may never have reached it.
+async fn pid_in(runner: &Runner, file: &Path) -> libc::pid_t {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.trim().parse().ok()) {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {}; the runner's log:\n{}",
+            file.display(),
+            runner.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Alive and not a zombie (an orphan may linger unreaped in a container).
@@ -407,9 +417,17 @@ async fn the_first_heartbeat_precedes_any_tool_and_renewals_keep_a_short_lease(d
     assert_eq!(stored.state, WorkState::Stopped);
 }
 
+/// The lease of the Stop tests. The runner learns of a Stop at its next
+/// renewal (every half TTL), so the TTL bounds how fast it stops; but the
+/// Ack starts the lease too, and a runner that first beats after the TTL
+/// has lost its item. 3 s was lost in CI when the machine was busy: 8 s
+/// allows a slow start and still renews every 4 s, inside the 10 s bounds.
+const STOP_TTL_SECONDS: i64 = 8;
+
 /// Starts `sleep 30` in a call and returns (call id, shell pid, sleep pid) once it runs.
 async fn long_call(
     db: &sqlx::PgPool,
+    runner: &Runner,
     session_id: &str,
     workspace: &Path,
 ) -> (String, libc::pid_t, libc::pid_t) {
@@ -422,20 +440,20 @@ async fn long_call(
         )],
     )
     .await;
-    let shell = pid_in(&workspace.join("shell.pid")).await;
-    let sleep = pid_in(&workspace.join("sleep.pid")).await;
+    let shell = pid_in(runner, &workspace.join("shell.pid")).await;
+    let sleep = pid_in(runner, &workspace.join("sleep.pid")).await;
     assert!(alive(shell) && alive(sleep));
     (call[0].clone(), shell, sleep)
 }
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_graceful_operator_stop_cancels_the_running_tool_and_stops_the_work(db: sqlx::PgPool) {
-    let api = api_with_ttl(db.clone(), 3).await;
+    let api = api_with_ttl(db.clone(), STOP_TTL_SECONDS).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let mut runner = Runner::start(&api.base, &api, &work, &session_id, workspace.path(), &[]);
     let operator = operator(&api);
-    let (call, shell, sleep) = long_call(&db, &session_id, workspace.path()).await;
+    let (call, shell, sleep) = long_call(&db, &runner, &session_id, workspace.path()).await;
 
     let asked = Instant::now();
     assert!(operator.stop(&api.env_id, &work.id, false).await.unwrap());
@@ -469,12 +487,12 @@ async fn a_graceful_operator_stop_cancels_the_running_tool_and_stops_the_work(db
 
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_forced_operator_stop_ends_the_runner_without_hanging(db: sqlx::PgPool) {
-    let api = api_with_ttl(db.clone(), 3).await;
+    let api = api_with_ttl(db.clone(), STOP_TTL_SECONDS).await;
     let (session_id, work) = session_with_work(&api).await;
     let workspace = tempfile::tempdir().unwrap();
     let mut runner = Runner::start(&api.base, &api, &work, &session_id, workspace.path(), &[]);
     let operator = operator(&api);
-    let (call, shell, sleep) = long_call(&db, &session_id, workspace.path()).await;
+    let (call, shell, sleep) = long_call(&db, &runner, &session_id, workspace.path()).await;
 
     assert!(operator.stop(&api.env_id, &work.id, true).await.unwrap());
     let stored = operator.work(&api.env_id, &work.id).await.unwrap();
@@ -512,7 +530,7 @@ async fn a_lost_lease_stops_the_old_runner_without_touching_the_new_claim(db: sq
         )],
     )
     .await;
-    let shell = pid_in(&workspace.path().join("shell.pid")).await;
+    let shell = pid_in(&runner, &workspace.path().join("shell.pid")).await;
 
     // Freeze the runner (its tool keeps running) until its lease expires and
     // a supervisor reclaims the item: same Work, rotated token.
