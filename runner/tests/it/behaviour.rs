@@ -154,7 +154,21 @@ impl Drop for Runner {
 }
 
 /// Polls `probe` every 50 ms until it yields a value; fails after `within`.
-async fn eventually<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+async fn eventually<T, F, Fut>(what: &str, within: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_saying(what, within, String::new, probe).await
+}
+
+/// [`eventually`], whose failure also prints `context()` as it is then.
+async fn eventually_saying<T, F, Fut>(
+    what: &str,
+    within: Duration,
+    context: impl Fn() -> String,
+    mut probe: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -164,7 +178,11 @@ where
         if let Some(value) = probe().await {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}{}",
+            context()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -221,20 +239,12 @@ async fn results_for(operator: &Client, session_id: &str, call_ids: &[String]) -
 /// A pid written by a tool call, once the file is complete. A timeout
 /// prints the runner's log: the call may never have reached it.
 async fn pid_in(runner: &Runner, file: &Path) -> libc::pid_t {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        if let Some(pid) = text.strip_suffix('\n').and_then(|t| t.trim().parse().ok()) {
-            return pid;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {}; the runner's log:\n{}",
-            file.display(),
-            runner.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let log = || format!("; the runner's log:\n{}", runner.log());
+    eventually_saying(&file.display().to_string(), WAIT, log, || async move {
+        let text = std::fs::read_to_string(file).ok()?;
+        text.strip_suffix('\n')?.trim().parse().ok()
+    })
+    .await
 }
 
 /// Alive and not a zombie (an orphan may linger unreaped in a container).
