@@ -346,18 +346,26 @@ async fn the_binary_reads_its_pool_through_a_kubeconfig_and_follows_an_edit() {
         .starts_with("HTTP/1.1 403 "));
 
     patch_allow(&fake, &[format!("elsewhere.test:{port}")]).await;
+    // Until the watch delivers the edit, requests are still allowed, and
+    // counted: the counter must agree with every answer seen, however late.
+    let mut allowed = 1;
     crate::support::until(
         "the edit in the binary",
         Duration::from_secs(30),
         async || {
-            get_through(at, &format!("localhost:{port}"), "work_bin2")
-                .await
-                .starts_with("HTTP/1.1 403 ")
+            let answer = get_through(at, &format!("localhost:{port}"), "work_bin2").await;
+            allowed += usize::from(answer == "HTTP/1.1 200 OK");
+            answer.starts_with("HTTP/1.1 403 ")
         },
     )
     .await;
     let text = health(metrics_at, "/metrics").await.1;
-    assert!(text.contains("decision=\"allowed\"} 1"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "mango_egress_decisions_total{{pool=\"{POOL}\",decision=\"allowed\"}} {allowed}\n"
+        )),
+        "{allowed} allowed: {text}"
+    );
     assert!(
         fake.requests().iter().any(|(m, u)| m == "GET"
             && u.contains("/namespaces/sandboxes/workerpools")
