@@ -30,7 +30,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::oneshot;
-use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The field manager of the status this controller writes.
@@ -83,7 +82,6 @@ type Ended = Shared<BoxFuture<'static, ()>>;
 struct PoolRun {
     fit: Fit,
     stop: Option<oneshot::Sender<Stop>>,
-    task: AbortHandle,
     ended: Ended,
     metrics: Arc<Metrics>,
     state: Arc<Mutex<RunState>>,
@@ -223,18 +221,17 @@ impl Context {
 
     /// Stops pool `name`'s supervisor, if one runs; the next one started
     /// for the pool waits until it has ended, and with it every earlier one
-    /// it was still waiting for (aborted while it waited, it leaves them
+    /// it was still waiting for (stopped while it waited, it leaves them
     /// running).
     fn stop(&self, name: &str, how: Stop) {
         let Some(mut run) = self.runs.lock().expect("runs lock").remove(name) else {
             return;
         };
         tracing::info!(pool = %name, ?how, "stopping the pool's supervisor");
-        if *run.state.lock().expect("state lock") != RunState::Running {
-            // Still waiting for its predecessors or checking its key (or
-            // done): nothing to drain or detach.
-            run.task.abort();
-        } else if let Some(stop) = run.stop.take() {
+        // The run itself decides what the stop means: nothing to undo while
+        // it still waits or checks its key, a drain or a detach once it
+        // runs. Deciding here, from its state, raced its start.
+        if let Some(stop) = run.stop.take() {
             let _ = stop.send(how);
         }
         // Driven here, so the watch ends with the task when no next one waits.
@@ -459,7 +456,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
         Supervisor::new(config, launcher, &api, &key).with_observer(Arc::new(ctx.events(pool)));
     let metrics = supervisor.metrics();
     let state = Arc::new(Mutex::new(RunState::Starting));
-    let (stop_tx, stop_rx) = oneshot::channel::<Stop>();
+    let (stop_tx, mut stop_rx) = oneshot::channel::<Stop>();
     let task = tokio::spawn({
         let state = state.clone();
         let name = name.clone();
@@ -470,12 +467,18 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
             // remove it as never handed off, and a warm pool's filler, still
             // running, would replace the warm Pods this one recycles, after
             // this one listed them, and those would be no supervisor's.
-            if let Some(predecessors) = predecessors {
-                predecessors.await;
-            }
-            // While the api cannot be reached this waits (backing off); a
-            // stop meanwhile aborts it, as nothing was launched yet.
-            let checked = supervisor.check_key(&key).await;
+            let before_running = async {
+                if let Some(predecessors) = predecessors {
+                    predecessors.await;
+                }
+                // While the api cannot be reached this waits (backing off).
+                supervisor.check_key(&key).await
+            };
+            // A stop before it runs ends it: nothing was launched yet.
+            let checked = tokio::select! {
+                checked = before_running => checked,
+                _ = &mut stop_rx => return,
+            };
             drop(key);
             if let Err(err) = checked {
                 let problem = match err {
@@ -499,7 +502,6 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
             }
         }
     });
-    let abort = task.abort_handle();
     let ended = async move {
         let _ = task.await;
         // The watch serves the supervisor only.
@@ -515,7 +517,6 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
         PoolRun {
             fit,
             stop: Some(stop_tx),
-            task: abort,
             ended,
             metrics,
             state,
