@@ -12,7 +12,7 @@ use crate::kubernetes::events::PoolEvents;
 use crate::kubernetes::launcher::{pool_selector, HardeningReport, PodLauncher};
 use crate::kubernetes::pod;
 use crate::kubernetes::pods::PodStore;
-use crate::kubernetes::status::{self, Observed, Problem};
+use crate::kubernetes::status::{self, Observed, Problem, Progress};
 use crate::kubernetes::sweep;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
@@ -92,7 +92,8 @@ struct PoolRun {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RunState {
-    Starting,
+    WaitingForPrevious,
+    CheckingKey,
     Running,
     Stopped(Problem),
 }
@@ -455,7 +456,10 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
     let supervisor =
         Supervisor::new(config, launcher, &api, &key).with_observer(Arc::new(ctx.events(pool)));
     let metrics = supervisor.metrics();
-    let state = Arc::new(Mutex::new(RunState::Starting));
+    let state = Arc::new(Mutex::new(match predecessors {
+        Some(_) => RunState::WaitingForPrevious,
+        None => RunState::CheckingKey,
+    }));
     let (stop_tx, mut stop_rx) = oneshot::channel::<Stop>();
     let task = tokio::spawn({
         let state = state.clone();
@@ -470,6 +474,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
             let before_running = async {
                 if let Some(predecessors) = predecessors {
                     predecessors.await;
+                    *state.lock().expect("state lock") = RunState::CheckingKey;
                 }
                 // While the api cannot be reached this waits (backing off).
                 supervisor.check_key(&key).await
@@ -629,7 +634,11 @@ async fn observe(ctx: &Context, pool: &WorkerPool, problem: Option<Problem>) -> 
     };
     Observed {
         generation: pool.metadata.generation,
-        running: state == Some(RunState::Running),
+        progress: match state {
+            Some(RunState::WaitingForPrevious) => Progress::WaitingForPrevious,
+            Some(RunState::Running) => Progress::Running,
+            _ => Progress::CheckingKey,
+        },
         problem,
         snapshot,
         queue,

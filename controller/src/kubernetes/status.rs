@@ -67,13 +67,23 @@ impl Problem {
     }
 }
 
+/// How far the pool's supervisor has got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// The supervisors of the pool's earlier spec are still detaching.
+    WaitingForPrevious,
+    /// Checking its Environment key with the api.
+    CheckingKey,
+    /// It checked its key and runs.
+    Running,
+}
+
 /// What the operator saw of one pool.
 #[derive(Debug, Clone)]
 pub struct Observed {
     pub generation: Option<i64>,
     pub problem: Option<Problem>,
-    /// The supervisor checked its key and runs.
-    pub running: bool,
+    pub progress: Progress,
     pub snapshot: Option<Snapshot>,
     pub queue: Option<QueueStats>,
     /// How the API server stored the latest sandbox Pod's hardening.
@@ -163,13 +173,19 @@ pub fn status(previous: Option<&WorkerPoolStatus>, observed: &Observed) -> Worke
                 observed,
             ),
         ),
-        None if !observed.running => (
+        None if observed.progress != Progress::Running => (
             condition(
                 before,
                 "Ready",
                 false,
                 "Starting",
-                "checking the Environment key with the api".into(),
+                match observed.progress {
+                    Progress::WaitingForPrevious => {
+                        "waiting for the supervisor of the pool's previous spec to detach"
+                    }
+                    _ => "checking the Environment key with the api",
+                }
+                .into(),
                 observed,
             ),
             condition(
@@ -253,14 +269,23 @@ pub fn status(previous: Option<&WorkerPoolStatus>, observed: &Observed) -> Worke
     WorkerPoolStatus {
         conditions: vec![ready, polling, degraded, hardened(before, observed)],
         live_items: snapshot.map_or(0, |s| s.live as u32),
-        queue: observed.queue.as_ref().map(|q| QueueStatus {
-            depth: q.depth,
-            pending: q.pending,
-            oldest_queued_at: q
-                .oldest_queued_at
-                .as_ref()
-                .map(mango_protocol::time::format),
-        }),
+        // The queue as last read while none can be read now (the supervisor
+        // is not running, or the api did not answer): an apply that dropped
+        // it would leave `queue: {}` on API servers whose server-side apply
+        // keeps a map it emptied (structured-merge-diff #306), and the
+        // schema refuses that, so no status, not even a problem, would land.
+        queue: observed
+            .queue
+            .as_ref()
+            .map(|q| QueueStatus {
+                depth: q.depth,
+                pending: q.pending,
+                oldest_queued_at: q
+                    .oldest_queued_at
+                    .as_ref()
+                    .map(mango_protocol::time::format),
+            })
+            .or_else(|| previous.and_then(|p| p.queue.clone())),
         last_successful_poll: polled_at
             .map(rfc3339)
             .or_else(|| previous.and_then(|p| p.last_successful_poll.clone())),

@@ -242,11 +242,22 @@ impl HandingOff {
     async fn assert_the_hand_off_finishes(self, generation: i64) {
         let fake = &self.fake;
         let window = Instant::now() + Duration::from_secs(4);
-        let mut ran_early = false;
+        let (mut ran_early, mut said_why) = (false, false);
         while Instant::now() < window {
-            ran_early |= ready_at(fake, generation).is_some_and(|c| c["status"] == "True");
+            let ready = ready_at(fake, generation);
+            ran_early |= ready.as_ref().is_some_and(|c| c["status"] == "True");
+            said_why |= ready.as_ref().is_some_and(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("previous spec to detach"))
+            });
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        assert!(
+            said_why,
+            "Ready said why it waited: {:?}",
+            ready_at(fake, generation)
+        );
         let removed = self.node.deleted_pending.lock().unwrap().clone();
         assert!(
             !ran_early && removed.is_empty(),
@@ -275,7 +286,7 @@ impl HandingOff {
 }
 
 /// Edited twice while the first supervisor hands a Pod its secret: the
-/// supervisor of the second edit, aborted while it waited for the first,
+/// supervisor of the second edit, stopped while it waited for the first,
 /// leaves the third to wait for the first all the same.
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn a_pool_edited_twice_quickly_starts_its_last_supervisor_after_the_first_detached(
@@ -309,6 +320,14 @@ async fn a_pool_stopped_for_its_secret_and_started_again_waits_for_the_stopped_s
         "the pool stopped for its Secret",
         Duration::from_secs(30),
         async || warning_reasons(fake).contains("SecretMissing"),
+    )
+    .await;
+    // On the status too, though the running supervisor had written a queue
+    // that a stopped one cannot read.
+    crate::support::until(
+        "SecretMissing on the status",
+        Duration::from_secs(30),
+        async || condition(fake, POOL, "Ready").is_some_and(|c| c["reason"] == "SecretMissing"),
     )
     .await;
     fake.create(json!({"apiVersion": "v1", "kind": "Secret",

@@ -8,7 +8,7 @@ fn observed(now: u64) -> Observed {
     Observed {
         generation: Some(3),
         problem: None,
-        running: true,
+        progress: Progress::Running,
         snapshot: Some(Snapshot {
             live: 2,
             last_poll_ok: Some(at(now - 1)),
@@ -131,7 +131,7 @@ fn a_stale_poll_and_a_recent_error_show() {
 #[test]
 fn a_starting_pool_is_neither_ready_nor_polling() {
     let mut o = observed(100);
-    o.running = false;
+    o.progress = Progress::CheckingKey;
     o.snapshot = None;
     let s = status(None, &o);
     assert_eq!(
@@ -143,6 +143,23 @@ fn a_starting_pool_is_neither_ready_nor_polling() {
         ]
     );
     assert_eq!(s.live_items, 0);
+    assert!(get(&s, "Ready")
+        .message
+        .contains("checking the Environment key"));
+
+    // An edited pool's new supervisor first waits for the old one to detach.
+    o.progress = Progress::WaitingForPrevious;
+    let waiting = status(Some(&s), &o);
+    let ready = get(&waiting, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Starting")
+    );
+    assert!(
+        ready.message.contains("previous spec to detach"),
+        "{}",
+        ready.message
+    );
 }
 
 #[test]
@@ -166,6 +183,20 @@ fn transition_times_move_only_when_a_status_changes() {
         status(Some(&later), &broken).last_successful_poll,
         later.last_successful_poll
     );
+}
+
+/// A status that dropped `queue` would not land on an API server that keeps
+/// the map its apply emptied (`queue: {}` lacks the required `depth`), so
+/// the queue as last read stays while none can be read.
+#[test]
+fn the_queue_as_last_read_stays_while_none_can_be_read() {
+    let first = status(None, &observed(100));
+    let mut stopped = observed(200);
+    (stopped.queue, stopped.problem) = (None, Some(Problem::WorkspaceKey));
+    let after = status(Some(&first), &stopped);
+    assert_eq!(after.queue, first.queue);
+    assert_eq!(get(&after, "Ready").reason, "WorkspaceKey");
+    assert_eq!(status(None, &stopped).queue, None, "none read yet");
 }
 
 #[test]
