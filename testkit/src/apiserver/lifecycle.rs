@@ -171,9 +171,18 @@ pub fn settle(state: &mut State) -> bool {
 fn pass(state: &mut State) -> bool {
     let now = jiff::Timestamp::now();
     for (table, namespace, name) in state.store.keys() {
-        let Some(object) = state.store.get(table, &namespace, &name).cloned() else {
+        let Some(object) = state.store.get(table, &namespace, &name) else {
             continue;
         };
+        // Every write settles: most objects need nothing, and copying each
+        // of them every time made writes slower as objects piled up.
+        let owned = object["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|refs| !refs.is_empty());
+        if !terminating(object) && !(owned && state.options.garbage_collector) {
+            continue;
+        }
+        let object = object.clone();
         let Some(rt) = rt_of(table) else { continue };
         let held = finalizers(&object);
         if terminating(&object) {

@@ -168,13 +168,11 @@ impl Store {
         if revision < self.compacted {
             return None;
         }
-        Some(
-            self.history
-                .iter()
-                .filter(|r| r.revision > revision)
-                .cloned()
-                .collect(),
-        )
+        // Revisions only grow along the history: every watch reads this
+        // at every change, so a scan of the whole history made each write
+        // slower the longer the fake ran.
+        let first = self.history.partition_point(|r| r.revision <= revision);
+        Some(self.history.range(first..).cloned().collect())
     }
 }
 
