@@ -179,7 +179,8 @@ fn pass(state: &mut State) -> bool {
         let owned = object["metadata"]["ownerReferences"]
             .as_array()
             .is_some_and(|refs| !refs.is_empty());
-        if !terminating(object) && !(owned && state.options.garbage_collector) {
+        let acted_on = terminating(object) || (owned && state.options.garbage_collector);
+        if !acted_on {
             continue;
         }
         let object = object.clone();
