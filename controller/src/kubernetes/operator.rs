@@ -92,9 +92,8 @@ struct PoolRun {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RunState {
-    WaitingForPrevious,
-    CheckingKey,
-    Running,
+    /// On its way, or running: what the status shows of it.
+    At(Progress),
     Stopped(Problem),
 }
 
@@ -457,8 +456,8 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
         Supervisor::new(config, launcher, &api, &key).with_observer(Arc::new(ctx.events(pool)));
     let metrics = supervisor.metrics();
     let state = Arc::new(Mutex::new(match predecessors {
-        Some(_) => RunState::WaitingForPrevious,
-        None => RunState::CheckingKey,
+        Some(_) => RunState::At(Progress::WaitingForPrevious),
+        None => RunState::At(Progress::CheckingKey),
     }));
     let (stop_tx, mut stop_rx) = oneshot::channel::<Stop>();
     let task = tokio::spawn({
@@ -474,7 +473,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
             let before_running = async {
                 if let Some(predecessors) = predecessors {
                     predecessors.await;
-                    *state.lock().expect("state lock") = RunState::CheckingKey;
+                    *state.lock().expect("state lock") = RunState::At(Progress::CheckingKey);
                 }
                 // While the api cannot be reached this waits (backing off).
                 supervisor.check_key(&key).await
@@ -498,7 +497,7 @@ fn start(ctx: &Arc<Context>, pool: &Arc<WorkerPool>, fit: Fit, key: Secret, api:
                 *state.lock().expect("state lock") = RunState::Stopped(problem);
                 return;
             }
-            *state.lock().expect("state lock") = RunState::Running;
+            *state.lock().expect("state lock") = RunState::At(Progress::Running);
             let end = supervisor
                 .run_until(async { stop_rx.await.unwrap_or(Stop::Detach) })
                 .await;
@@ -629,14 +628,15 @@ async fn observe(ctx: &Context, pool: &WorkerPool, problem: Option<Problem>) -> 
         _ => None,
     });
     let queue: Option<QueueStats> = match (&state, stats) {
-        (Some(RunState::Running), Some((client, env))) => client.stats(&env).await.ok(),
+        (Some(RunState::At(Progress::Running)), Some((client, env))) => {
+            client.stats(&env).await.ok()
+        }
         _ => None,
     };
     Observed {
         generation: pool.metadata.generation,
         progress: match state {
-            Some(RunState::WaitingForPrevious) => Progress::WaitingForPrevious,
-            Some(RunState::Running) => Progress::Running,
+            Some(RunState::At(progress)) => progress,
             _ => Progress::CheckingKey,
         },
         problem,
