@@ -141,10 +141,15 @@ async fn step_until_waiting(
                 return Ok(());
             }
             Next::EndTurn => {
-                let idle = EventBody::SessionStatusIdle(SessionStatusIdle {
-                    stop_reason: StopReason::EndTurn,
+                emit(ctx, session_id, vec![agent_steps::end_turn()]).await?;
+            }
+            Next::EndInterruptedRequest { start_id } => {
+                let end = EventBody::ModelRequestEnd(ModelRequestEnd {
+                    model_request_start_id: start_id,
+                    is_error: Some(false),
+                    model_usage: turn::model_usage(&serde_json::Value::Null),
                 });
-                emit(ctx, session_id, vec![idle]).await?;
+                emit(ctx, session_id, vec![end, agent_steps::end_turn()]).await?;
             }
             Next::CallModel { .. } if model.is_none() => {
                 // Nothing will answer: say so at once, with what to set.
@@ -160,24 +165,30 @@ async fn step_until_waiting(
                 let error = session_error(&failure, RetryStatus::Terminal);
                 emit(ctx, session_id, vec![error, idle]).await?;
             }
-            Next::CallModel { open_request } => {
+            Next::CallModel { open_request: None } => {
+                // The request is what the log holds before its start: the
+                // next round reads the log again and makes it, so input that
+                // came while this round read is in it, and anything later
+                // follows its reply.
+                let mut opening = Vec::new();
+                if session.status != SessionStatus::Running {
+                    opening.push(EventBody::SessionStatusRunning);
+                }
+                opening.push(EventBody::ModelRequestStart);
+                emit(ctx, session_id, opening).await?;
+            }
+            Next::CallModel {
+                open_request: Some(start_id),
+            } => {
                 let model = model.expect("matched above");
-                let start_id = match open_request {
-                    Some(id) => id,
-                    None => {
-                        let mut opening = Vec::new();
-                        if session.status != SessionStatus::Running {
-                            opening.push(EventBody::SessionStatusRunning);
-                        }
-                        opening.push(EventBody::ModelRequestStart);
-                        let stored = emit(ctx, session_id, opening).await?;
-                        stored.last().map(|e| e.id.clone()).unwrap_or_default()
-                    }
-                };
+                let before_start = events
+                    .iter()
+                    .position(|e| e.id == start_id)
+                    .map_or(&events[..], |at| &events[..at]);
                 let body = turn::request(
                     &session.agent.0,
                     &session.resources.0,
-                    &events,
+                    before_start,
                     model.max_tokens,
                 );
                 let asked = std::time::Instant::now();

@@ -10,13 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One queued reply: status, extra headers, the raw body with its content
-/// type, and how long to wait before answering.
+/// type, how long to wait before answering, and what it waits for first.
 struct Scripted {
     status: u16,
     headers: Vec<(String, String)>,
     content_type: &'static str,
     body: Vec<u8>,
     delay: Duration,
+    held_until: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl Scripted {
@@ -27,6 +28,7 @@ impl Scripted {
             content_type: "application/json",
             body: body.to_string().into_bytes(),
             delay,
+            held_until: None,
         }
     }
 
@@ -107,6 +109,10 @@ impl ScriptedModel {
                                 Duration::ZERO,
                             )
                         });
+                        let mut reply = reply;
+                        if let Some(release) = reply.held_until.take() {
+                            let _ = release.await;
+                        }
                         tokio::time::sleep(reply.delay).await;
                         reply.into_response()
                     },
@@ -154,6 +160,16 @@ impl ScriptedModel {
         self.push(Scripted::json(status, &body, delay));
     }
 
+    /// Queues a reply that is sent only once the returned sender fires (or
+    /// is dropped): its request stays in flight for as long as a test needs.
+    pub fn push_held_reply(&self, status: u16, body: Value) -> tokio::sync::oneshot::Sender<()> {
+        let (release, held_until) = tokio::sync::oneshot::channel();
+        let mut reply = Scripted::json(status, &body, Duration::ZERO);
+        reply.held_until = Some(held_until);
+        self.push(reply);
+        release
+    }
+
     /// Queues a JSON reply with extra response headers (`retry-after`, …).
     pub fn push_reply_with_headers(&self, status: u16, headers: &[(&str, &str)], body: Value) {
         let mut reply = Scripted::json(status, &body, Duration::ZERO);
@@ -173,6 +189,7 @@ impl ScriptedModel {
             content_type,
             body: body.as_bytes().to_vec(),
             delay: Duration::ZERO,
+            held_until: None,
         });
     }
 

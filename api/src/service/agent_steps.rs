@@ -8,7 +8,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::service::activation;
 use crate::store::events::{self, LoggedEvent};
 use crate::store::{outbox, sessions};
-use crate::turn;
+use crate::turn::{self, SinceRequest};
 use mango_protocol::events::{
     EventBody, ModelRequestEnd, ModelUsage, Permission, SessionStatusIdle, StopReason,
 };
@@ -17,9 +17,12 @@ use mango_protocol::time;
 
 /// The reply's events, its `span.model_request_end` and the idle status
 /// commit together; tool calls for the worker also make sure the Session
-/// has live Work. A Session terminated meanwhile (Fail) takes nothing, and
-/// a reply already stored for this request (another step got there after a
-/// lost lock) is stored once only.
+/// has live Work. What was stored while the model was asked decides how
+/// much of that stands ([`SinceRequest`]): an interrupt leaves only the end
+/// and the idle, a new message keeps the turn open (no idle) so the model
+/// answers it next. A Session terminated meanwhile (Fail) takes nothing,
+/// and a reply already stored for this request (another step got there
+/// after a lost lock) is stored once only.
 pub async fn commit_reply(
     ctx: &ApiContext,
     session_id: &str,
@@ -27,22 +30,36 @@ pub async fn commit_reply(
     reply: Vec<EventBody>,
     usage: ModelUsage,
 ) -> ApiResult<()> {
-    let mut stored_events = reply;
-    stored_events.push(EventBody::ModelRequestEnd(ModelRequestEnd {
-        model_request_start_id: start_id.to_string(),
-        is_error: Some(false),
-        model_usage: usage,
-    }));
     let mut tx = ctx.db.begin().await?;
     let mut session = sessions::lock(&mut tx, session_id)
         .await?
         .ok_or_else(|| ApiError::not_found("session vanished"))?;
-    if session.status == SessionStatus::Terminated
-        || events::model_request_ended(&mut *tx, session_id, start_id).await?
-    {
+    if session.status == SessionStatus::Terminated {
         return Ok(());
     }
+    let since = events::after_event(&mut *tx, session_id, start_id).await?;
+    let fate = turn::since_request(start_id, &since);
+    let end = EventBody::ModelRequestEnd(ModelRequestEnd {
+        model_request_start_id: start_id.to_string(),
+        is_error: Some(false),
+        model_usage: usage,
+    });
     let now = time::now();
+    let stored_events = match fate {
+        SinceRequest::Answered => return Ok(()),
+        SinceRequest::Interrupted => {
+            let stored =
+                events::append(&mut tx, &mut session, vec![end, end_turn()], false, now).await?;
+            tx.commit().await?;
+            ctx.committed(session_id, &stored, false);
+            return Ok(());
+        }
+        SinceRequest::MoreInput | SinceRequest::Quiet => {
+            let mut stored_events = reply;
+            stored_events.push(end);
+            stored_events
+        }
+    };
     let mut stored = events::append(&mut tx, &mut session, stored_events, false, now).await?;
     // Each call the reply made, and whether a worker or the operator runs it.
     let calls: Vec<(String, bool)> = stored
@@ -75,22 +92,31 @@ pub async fn commit_reply(
         .filter(|(_, runs)| *runs)
         .map(|(id, _)| id.clone())
         .collect();
-    // A reply of denied calls only goes straight back to the model.
-    let denied_only = needs_action.is_empty() && !calls.is_empty();
-    if !denied_only {
-        let stop_reason = if needs_action.is_empty() {
-            StopReason::EndTurn
-        } else {
-            StopReason::RequiresAction {
+    // A reply of denied calls only goes straight back to the model, and so
+    // does one that ends a turn a new message has already continued.
+    let idle = if !needs_action.is_empty() {
+        Some(EventBody::SessionStatusIdle(SessionStatusIdle {
+            stop_reason: StopReason::RequiresAction {
                 event_ids: needs_action,
-            }
-        };
-        let idle = EventBody::SessionStatusIdle(SessionStatusIdle { stop_reason });
+            },
+        }))
+    } else {
+        let denied_only = !calls.is_empty();
+        (!denied_only && fate == SinceRequest::Quiet).then(end_turn)
+    };
+    if let Some(idle) = idle {
         stored.extend(events::append(&mut tx, &mut session, vec![idle], false, now).await?);
     }
     tx.commit().await?;
     ctx.committed(session_id, &stored, false);
     Ok(())
+}
+
+/// The idle that ends a turn.
+pub fn end_turn() -> EventBody {
+    EventBody::SessionStatusIdle(SessionStatusIdle {
+        stop_reason: StopReason::EndTurn,
+    })
 }
 
 /// A Session whose next step is to wait: its wake-ups up to the log head

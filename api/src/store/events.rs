@@ -331,20 +331,29 @@ pub async fn first_confirmation(
     .await
 }
 
-/// Whether a reply to the model request `start_id` is already in the log.
-pub async fn model_request_ended(
+/// The events stored after the event `id`, typed, oldest first.
+pub async fn after_event(
     db: impl PgExecutor<'_>,
     session_id: &str,
-    start_id: &str,
-) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM session_events WHERE session_id = $1
-           AND type = 'span.model_request_end' AND body->>'model_request_start_id' = $2)",
+    id: &str,
+) -> sqlx::Result<Vec<Event>> {
+    let rows: Vec<EventRow> = sqlx::query_as(
+        "SELECT seq, body FROM session_events WHERE session_id = $1
+           AND seq > (SELECT seq FROM session_events WHERE session_id = $1 AND id = $2)
+         ORDER BY seq",
     )
     .bind(session_id)
-    .bind(start_id)
-    .fetch_one(db)
-    .await
+    .bind(id)
+    .fetch_all(db)
+    .await?;
+    rows.into_iter().map(typed).collect()
+}
+
+fn typed(row: EventRow) -> sqlx::Result<Event> {
+    serde_json::from_value(row.body).map_err(|err| sqlx::Error::ColumnDecode {
+        index: "body".into(),
+        source: Box::new(err),
+    })
 }
 
 pub struct EventFilter {
@@ -417,12 +426,7 @@ pub async fn all(db: &sqlx::PgPool, session_id: &str) -> sqlx::Result<Vec<Event>
         let full = page.len() == 1000;
         after = page.last().map(|r| r.seq);
         for row in page {
-            let event =
-                serde_json::from_value(row.body).map_err(|err| sqlx::Error::ColumnDecode {
-                    index: "body".into(),
-                    source: Box::new(err),
-                })?;
-            out.push(event);
+            out.push(typed(row)?);
         }
         if !full {
             return Ok(out);

@@ -11,7 +11,7 @@ mod tools;
 mod transcript;
 
 pub use memory::{memory_section, with_memory};
-pub use next::{next, pending_calls, runnable_worker_calls, Next};
+pub use next::{next, pending_calls, runnable_worker_calls, since_request, Next, SinceRequest};
 pub use tools::{AgentTools, CallClass};
 pub use transcript::{model_usage, reply_events, request, transcript};
 

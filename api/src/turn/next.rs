@@ -10,6 +10,10 @@ pub enum Next {
     CallModel { open_request: Option<String> },
     /// The last input was an interrupt: end the turn.
     EndTurn,
+    /// An interrupt came after a request that never stored its end (its
+    /// step stopped, or the interrupt came before the call was made): close
+    /// the request without a reply and end its turn.
+    EndInterruptedRequest { start_id: String },
     /// Waiting for tool results or confirmations, or nothing to answer.
     Wait,
 }
@@ -82,9 +86,57 @@ fn ends_the_turn_in_error(body: &EventBody) -> bool {
     matches!(body, EventBody::SessionError(e) if e.error.retry_status != RetryStatus::Retrying)
 }
 
+/// Where the last `span.model_request_start` is, if no end followed it.
+fn open_request(events: &[Event]) -> Option<usize> {
+    let last = |kind: fn(&EventBody) -> bool| events.iter().rposition(|e| kind(&e.body));
+    let start = last(|b| matches!(b, EventBody::ModelRequestStart))?;
+    let end = last(|b| matches!(b, EventBody::ModelRequestEnd(_)));
+    end.is_none_or(|end| end < start).then_some(start)
+}
+
+/// What the log holds after a model request's `span.model_request_start`,
+/// read when the request's reply is to be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinceRequest {
+    /// Its reply is stored already (a step after a lost lock got there first).
+    Answered,
+    /// An interrupt came while the model was asked: the reply is not wanted.
+    Interrupted,
+    /// A message came while the model was asked: the turn goes on after the
+    /// reply, so the model answers it too.
+    MoreInput,
+    /// Nothing that changes the turn.
+    Quiet,
+}
+
+pub fn since_request(start_id: &str, since_start: &[Event]) -> SinceRequest {
+    let has = |matches: fn(&EventBody) -> bool| since_start.iter().any(|e| matches(&e.body));
+    if since_start.iter().any(|e| {
+        matches!(&e.body, EventBody::ModelRequestEnd(end) if end.model_request_start_id == start_id)
+    }) {
+        SinceRequest::Answered
+    } else if has(|b| matches!(b, EventBody::UserInterrupt(_))) {
+        SinceRequest::Interrupted
+    } else if has(|b| matches!(b, EventBody::UserMessage(_))) {
+        // Results and confirmations are not counted: no call is open while
+        // the model is asked, so any that come answer calls an interrupt abandoned.
+        SinceRequest::MoreInput
+    } else {
+        SinceRequest::Quiet
+    }
+}
+
 pub fn next(events: &[Event]) -> Next {
     if terminated(events) {
         return Next::Wait;
+    }
+    let open = open_request(events);
+    if let Some(at) = open {
+        if since_request(&events[at].id, &events[at + 1..]) == SinceRequest::Interrupted {
+            return Next::EndInterruptedRequest {
+                start_id: events[at].id.clone(),
+            };
+        }
     }
     // A late answer to a call an interrupt abandoned is kept in the history
     // but is not input: it must not start a turn of its own.
@@ -138,13 +190,9 @@ pub fn next(events: &[Event]) -> Next {
     if messages.last().is_none_or(|m| m["role"] != "user") {
         return Next::Wait;
     }
-    let open_request = events
-        .iter()
-        .rev()
-        .take_while(|e| !matches!(e.body, EventBody::ModelRequestEnd(_)))
-        .find(|e| matches!(e.body, EventBody::ModelRequestStart))
-        .map(|e| e.id.clone());
-    Next::CallModel { open_request }
+    Next::CallModel {
+        open_request: open.map(|at| events[at].id.clone()),
+    }
 }
 
 /// Pending calls a worker may run now (allowed, or asked and confirmed):
@@ -350,6 +398,161 @@ mod tests {
             Next::CallModel {
                 open_request: Some("2".into())
             }
+        );
+    }
+
+    fn said(list: &[Value]) -> Vec<(String, Vec<String>)> {
+        transcript(&events(list.to_vec()))
+            .iter()
+            .map(|m| {
+                let blocks = m["content"].as_array().unwrap().iter();
+                let what = blocks
+                    .map(|b| match b["type"].as_str().unwrap() {
+                        "tool_result" => format!("result {}", b["tool_use_id"].as_str().unwrap()),
+                        "tool_use" => format!("call {}", b["id"].as_str().unwrap()),
+                        _ => b["text"].as_str().unwrap().to_string(),
+                    })
+                    .collect();
+                (m["role"].as_str().unwrap().to_string(), what)
+            })
+            .collect()
+    }
+    fn text(id: &str, t: &str, text: &str) -> Value {
+        ev(id, t, json!({"content": [{"type": "text", "text": text}]}))
+    }
+    fn turn(role: &str, what: &[&str]) -> (String, Vec<String>) {
+        (role.into(), what.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn a_message_sent_while_the_model_is_asked_follows_the_reply_and_is_answered() {
+        let mut e = vec![
+            text("1", "user.message", "hi"),
+            ev("s", "session.status_running", json!({})),
+            ev("2", "span.model_request_start", json!({})),
+            text("3", "user.message", "more"),
+        ];
+        assert_eq!(
+            next_of(&e),
+            Next::CallModel {
+                open_request: Some("2".into())
+            },
+            "the request in hand is made (or resumed) first"
+        );
+        e.push(text("4", "agent.message", "hello"));
+        e.push(ev("5", "span.model_request_end", end(false)));
+        assert_eq!(
+            said(&e),
+            [
+                turn("user", &["hi"]),
+                turn("assistant", &["hello"]),
+                turn("user", &["more"])
+            ]
+        );
+        assert_eq!(next_of(&e), Next::CallModel { open_request: None });
+        assert_eq!(
+            since_request("2", &events(e[3..].to_vec())),
+            SinceRequest::Answered
+        );
+        assert_eq!(
+            since_request("2", &events(e[3..4].to_vec())),
+            SinceRequest::MoreInput
+        );
+    }
+
+    #[test]
+    fn a_result_that_arrives_after_a_message_sent_during_the_request_comes_first() {
+        let e = vec![
+            text("1", "user.message", "hi"),
+            ev("2", "span.model_request_start", json!({})),
+            text("3", "user.message", "more"),
+            ev(
+                "4",
+                "agent.tool_use",
+                json!({"name": "bash", "input": {}, "evaluated_permission": "allow"}),
+            ),
+            ev("5", "span.model_request_end", end(false)),
+            ev(
+                "6",
+                "user.tool_result",
+                json!({"tool_use_id": "4", "content": [{"type": "text", "text": "out"}]}),
+            ),
+        ];
+        assert_eq!(
+            said(&e),
+            [
+                turn("user", &["hi"]),
+                turn("assistant", &["call 4"]),
+                turn("user", &["result 4", "more"])
+            ],
+            "the Messages API wants a turn's results before its text"
+        );
+        assert_eq!(next_of(&e), Next::CallModel { open_request: None });
+    }
+
+    #[test]
+    fn an_interrupt_after_a_request_started_ends_it_and_later_input_runs() {
+        let mut e = vec![
+            text("1", "user.message", "hi"),
+            ev("2", "span.model_request_start", json!({})),
+            ev("3", "user.interrupt", json!({})),
+            text("4", "user.message", "y"),
+            text("5", "system.message", "z"),
+        ];
+        assert_eq!(
+            next_of(&e),
+            Next::EndInterruptedRequest {
+                start_id: "2".into()
+            }
+        );
+        assert_eq!(
+            since_request("2", &events(e[2..].to_vec())),
+            SinceRequest::Interrupted
+        );
+        e.push(ev("6", "span.model_request_end", end(false)));
+        e.push(ev(
+            "7",
+            "session.status_idle",
+            json!({"stop_reason": {"type": "end_turn"}}),
+        ));
+        assert_eq!(next_of(&e), Next::CallModel { open_request: None });
+        assert_eq!(said(&e), [turn("user", &["hi", "y", "[system] z"])]);
+        // With nothing after the interrupt, the turn just ends.
+        let alone = [&e[..3], &e[5..]].concat();
+        assert_eq!(next_of(&alone), Next::Wait);
+    }
+
+    #[test]
+    fn what_came_while_the_model_was_asked() {
+        let late_result = ev(
+            "9",
+            "user.tool_result",
+            json!({"tool_use_id": "old", "content": []}),
+        );
+        let quiet = [late_result, text("8", "system.message", "note")];
+        assert_eq!(
+            since_request("2", &events(quiet.to_vec())),
+            SinceRequest::Quiet
+        );
+        let other_end = ev(
+            "7",
+            "span.model_request_end",
+            json!({"model_request_start_id": "1", "is_error": false, "model_usage": {
+                "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0}}),
+        );
+        assert_eq!(
+            since_request("2", &events(vec![other_end])),
+            SinceRequest::Quiet,
+            "only this request's end counts"
+        );
+        assert_eq!(
+            since_request(
+                "2",
+                &events(vec![msg("3"), ev("4", "user.interrupt", json!({}))])
+            ),
+            SinceRequest::Interrupted,
+            "an interrupt outweighs a message"
         );
     }
 

@@ -14,13 +14,23 @@ use mango_protocol::sessions::SessionResource;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
+/// Appends a block to the conversation, joining the last message when it
+/// has the same role. In a user message the Messages API wants every
+/// `tool_result` before any other block, so a result goes in front of text
+/// that was sent before it arrived (a message sent while calls ran).
 fn push(messages: &mut Vec<Value>, role: &str, block: Value) {
     if let Some(last) = messages.last_mut() {
         if last["role"] == role {
-            last["content"]
-                .as_array_mut()
-                .expect("content is an array")
-                .push(block);
+            let blocks = last["content"].as_array_mut().expect("content is an array");
+            let at = if block["type"] == "tool_result" {
+                blocks
+                    .iter()
+                    .position(|b| b["type"] != "tool_result")
+                    .unwrap_or(blocks.len())
+            } else {
+                blocks.len()
+            };
+            blocks.insert(at, block);
             return;
         }
     }
@@ -32,68 +42,122 @@ fn error_result(call: &str, why: &str) -> Value {
            "content": [{"type": "text", "text": why}]})
 }
 
+/// Input the user side sent: it joins the next user turn.
+fn is_user_side(body: &EventBody) -> bool {
+    matches!(
+        body,
+        EventBody::UserMessage(_)
+            | EventBody::SystemMessage(_)
+            | EventBody::UserToolResult(_)
+            | EventBody::UserCustomToolResult(_)
+    )
+}
+
 /// The conversation so far as Messages API `messages`, from the Session's
 /// events in order. Every tool call gets a result: a denied call (by policy
-/// or by confirmation) is answered with an error the model can read.
+/// or by confirmation) is answered with an error the model can read. A
+/// reply stands where its request began: input stored while the model was
+/// asked (between a `span.model_request_start` and its end) was not in that
+/// request, so it follows the reply.
 pub fn transcript(events: &[Event]) -> Vec<Value> {
-    let mut denied: HashMap<&str, &str> = HashMap::new();
+    let mut conversation = Conversation::new(events);
+    let mut sent_while_asked: Vec<&Event> = Vec::new();
+    let mut asking = false;
     for e in events {
-        if let EventBody::UserToolConfirmation(c) = &e.body {
-            if c.result == Confirmation::Deny {
-                let why = c
-                    .deny_message
-                    .as_deref()
-                    .unwrap_or("the user denied this tool call");
-                denied.insert(&c.tool_use_id, why);
+        match e.body {
+            EventBody::ModelRequestStart | EventBody::ModelRequestEnd(_) => {
+                // A start with no end was abandoned: the next start closes it.
+                asking = matches!(e.body, EventBody::ModelRequestStart);
+                for late in sent_while_asked.drain(..) {
+                    conversation.take(late);
+                }
             }
+            _ if asking && is_user_side(&e.body) => sent_while_asked.push(e),
+            _ => conversation.take(e),
         }
     }
-    let mut messages = Vec::new();
-    // Results for refused calls join the next user turn, after the assistant's calls.
-    let mut refusals: Vec<Value> = Vec::new();
-    // Calls without a result yet; an interrupt answers them, and a late result is dropped.
-    let mut open: Vec<&str> = Vec::new();
-    for e in events {
+    for late in sent_while_asked {
+        conversation.take(late);
+    }
+    conversation.finish()
+}
+
+/// The transcript as it is built, one event at a time.
+struct Conversation<'a> {
+    messages: Vec<Value>,
+    /// Why a confirmation denied a call, by call.
+    denied: HashMap<&'a str, &'a str>,
+    /// Results for refused calls join the next user turn, after the assistant's calls.
+    refusals: Vec<Value>,
+    /// Calls without a result yet; an interrupt answers them, and a late result is dropped.
+    open: Vec<&'a str>,
+}
+
+impl<'a> Conversation<'a> {
+    fn new(events: &'a [Event]) -> Self {
+        let mut denied = HashMap::new();
+        for e in events {
+            if let EventBody::UserToolConfirmation(c) = &e.body {
+                if c.result == Confirmation::Deny {
+                    let why = c
+                        .deny_message
+                        .as_deref()
+                        .unwrap_or("the user denied this tool call");
+                    denied.insert(c.tool_use_id.as_str(), why);
+                }
+            }
+        }
+        Conversation {
+            messages: Vec::new(),
+            denied,
+            refusals: Vec::new(),
+            open: Vec::new(),
+        }
+    }
+
+    fn finish(mut self) -> Vec<Value> {
+        for r in self.refusals {
+            push(&mut self.messages, "user", r);
+        }
+        self.messages
+    }
+
+    fn take(&mut self, e: &'a Event) {
         let id = e.id.as_str();
-        let user_side = matches!(
-            e.body,
-            EventBody::UserMessage(_)
-                | EventBody::SystemMessage(_)
-                | EventBody::UserToolResult(_)
-                | EventBody::UserCustomToolResult(_)
-        );
-        if user_side || matches!(e.body, EventBody::AgentMessage(_)) {
-            for r in refusals.drain(..) {
-                push(&mut messages, "user", r);
+        let messages = &mut self.messages;
+        if is_user_side(&e.body) || matches!(e.body, EventBody::AgentMessage(_)) {
+            for r in self.refusals.drain(..) {
+                push(messages, "user", r);
             }
         }
         match &e.body {
             EventBody::UserMessage(m) => {
                 for block in &m.content {
                     if !matches!(block, ContentBlock::Redacted) {
-                        push(&mut messages, "user", json!(block));
+                        push(messages, "user", json!(block));
                     }
                 }
             }
             EventBody::SystemMessage(m) => {
                 for block in &m.content {
                     let text = format!("[system] {}", block.as_text().unwrap_or_default());
-                    push(&mut messages, "user", json!({"type": "text", "text": text}));
+                    push(messages, "user", json!({"type": "text", "text": text}));
                 }
             }
             EventBody::AgentMessage(m) => {
                 for block in m.content.iter().filter(|b| b.as_text().is_some()) {
-                    push(&mut messages, "assistant", json!(block));
+                    push(messages, "assistant", json!(block));
                 }
             }
             EventBody::UserInterrupt(_) => {
-                for call in open.drain(..) {
-                    refusals.push(error_result(call, "the user interrupted this tool call"));
+                for call in self.open.drain(..) {
+                    self.refusals
+                        .push(error_result(call, "the user interrupted this tool call"));
                 }
             }
             EventBody::AgentToolUse(call) => {
                 push(
-                    &mut messages,
+                    messages,
                     "assistant",
                     json!({"type": "tool_use", "id": id, "name": call.name, "input": call.input}),
                 );
@@ -104,22 +168,22 @@ pub fn transcript(events: &[Event]) -> Vec<Value> {
                             .unwrap_or("this tool call is not permitted"),
                     )
                 } else {
-                    denied.get(id).copied()
+                    self.denied.get(id).copied()
                 };
                 match refusal {
-                    Some(why) => refusals.push(error_result(id, why)),
-                    None => open.push(id),
+                    Some(why) => self.refusals.push(error_result(id, why)),
+                    None => self.open.push(id),
                 }
             }
             EventBody::AgentCustomToolUse(call) => {
                 push(
-                    &mut messages,
+                    messages,
                     "assistant",
                     json!({"type": "tool_use", "id": id, "name": call.name, "input": call.input}),
                 );
-                match denied.get(id) {
-                    Some(why) => refusals.push(error_result(id, why)),
-                    None => open.push(id),
+                match self.denied.get(id) {
+                    Some(why) => self.refusals.push(error_result(id, why)),
+                    None => self.open.push(id),
                 }
             }
             EventBody::UserToolResult(_) | EventBody::UserCustomToolResult(_) => {
@@ -130,16 +194,16 @@ pub fn transcript(events: &[Event]) -> Vec<Value> {
                     }
                     _ => unreachable!("matched above"),
                 };
-                let Some(at) = open.iter().position(|c| c == call) else {
-                    continue; // interrupted earlier, or not a call of this transcript
+                let Some(at) = self.open.iter().position(|c| c == call) else {
+                    return; // interrupted earlier, or not a call of this transcript
                 };
-                open.remove(at);
+                self.open.remove(at);
                 let content = match content {
                     Some(blocks) if !blocks.is_empty() => json!(blocks),
                     _ => json!([{"type": "text", "text": "(no output)"}]),
                 };
                 push(
-                    &mut messages,
+                    messages,
                     "user",
                     json!({"type": "tool_result", "tool_use_id": call,
                            "is_error": is_error.unwrap_or(false), "content": content}),
@@ -148,10 +212,6 @@ pub fn transcript(events: &[Event]) -> Vec<Value> {
             _ => {}
         }
     }
-    for r in refusals {
-        push(&mut messages, "user", r);
-    }
-    messages
 }
 
 /// A prompt-cache breakpoint: the Messages API caches the request's prefix

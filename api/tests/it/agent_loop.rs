@@ -153,6 +153,144 @@ async fn tool_calls_wait_for_results_then_the_model_continues(db: sqlx::PgPool) 
         .any(|r| r["tool_use_id"] == unknown["id"] && r["is_error"] == true));
 }
 
+/// Waits until the model has been asked `n` times.
+async fn until_asked(model: &ScriptedModel, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while model.requests().len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the model was not asked {n} times"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Each text block of a request's messages, with its role.
+fn said(body: &Value) -> Vec<(&str, &str)> {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| {
+            let role = m["role"].as_str().unwrap();
+            m["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |b| (role, b["text"].as_str().unwrap()))
+        })
+        .collect()
+}
+
+fn text_reply(text: &str) -> Value {
+    model_reply(json!([{"type": "text", "text": text}]), "end_turn")
+}
+
+/// A message sent while the model is thinking about the last one: the
+/// reply stands, and the turn goes on with the model answering the new
+/// message after it. The reply used to end the turn, and the message sat
+/// unanswered on an idle Session.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn a_message_sent_while_the_model_is_asked_is_answered_next(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![]).await;
+    let release = model.push_held_reply(200, text_reply("first answer"));
+    model.push_reply(200, text_reply("second answer"));
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([])).await;
+    say(&app, &s, "hi").await;
+    until_asked(&model, 1).await;
+    say(&app, &s, "and one more thing").await;
+    release.send(()).unwrap();
+    let e = until(&app, &s, "the second answer", |e| {
+        idle_with(e, "end_turn") && e.iter().any(|e| e["content"][0]["text"] == "second answer")
+    })
+    .await;
+    assert_eq!(
+        types(&e),
+        [
+            "user.message",
+            "session.status_running",
+            "span.model_request_start",
+            "user.message",
+            "agent.message",
+            "span.model_request_end",
+            "span.model_request_start",
+            "agent.message",
+            "span.model_request_end",
+            "session.status_idle"
+        ],
+        "one turn, two requests"
+    );
+    let requests = model.requests();
+    assert_eq!(
+        said(&requests[0].1),
+        [("user", "hi")],
+        "the first request has what was there when it started"
+    );
+    assert_eq!(
+        said(&requests[1].1),
+        [
+            ("user", "hi"),
+            ("assistant", "first answer"),
+            ("user", "and one more thing")
+        ],
+        "the reply stands where its request began, the late message after it"
+    );
+}
+
+/// An interrupt sent while the model is asked: its reply is dropped (the
+/// request's end and usage stay), the turn ends, and a message sent after
+/// the interrupt starts the next turn.
+#[sqlx::test(migrator = "mango_api::MIGRATOR")]
+async fn an_interrupt_while_the_model_is_asked_drops_its_reply(db: sqlx::PgPool) {
+    let model = ScriptedModel::start(vec![]).await;
+    let release = model.push_held_reply(200, text_reply("an unwanted answer"));
+    model.push_reply(200, text_reply("answering y"));
+    let app = app_with_model(db, &model).await;
+    let s = session_with_tools(&app, json!([])).await;
+    say(&app, &s, "hi").await;
+    until_asked(&model, 1).await;
+    app.send(
+        &s,
+        json!([{"type": "user.interrupt"},
+               {"type": "user.message", "content": [{"type": "text", "text": "y"}]}]),
+    )
+    .await
+    .expect(200);
+    release.send(()).unwrap();
+    let e = until(&app, &s, "the answer to y", |e| {
+        idle_with(e, "end_turn") && e.iter().any(|e| e["content"][0]["text"] == "answering y")
+    })
+    .await;
+    assert_eq!(
+        types(&e),
+        [
+            "user.message",
+            "session.status_running",
+            "span.model_request_start",
+            "user.interrupt",
+            "user.message",
+            "span.model_request_end",
+            "session.status_idle",
+            "session.status_running",
+            "span.model_request_start",
+            "agent.message",
+            "span.model_request_end",
+            "session.status_idle"
+        ],
+        "the interrupted turn ends, and y's turn follows"
+    );
+    assert_eq!(e[5]["model_request_start_id"], e[2]["id"]);
+    assert_eq!(
+        e[5]["model_usage"]["output_tokens"], 7,
+        "what was spent is kept"
+    );
+    assert_eq!(
+        said(&model.requests()[1].1),
+        [("user", "hi"), ("user", "y")]
+    );
+}
+
 #[sqlx::test(migrator = "mango_api::MIGRATOR")]
 async fn overload_is_retried_and_a_dead_endpoint_leaves_the_session_usable(db: sqlx::PgPool) {
     let model = ScriptedModel::start(vec![
