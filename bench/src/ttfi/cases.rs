@@ -6,14 +6,14 @@
 //! new process, as the SDK's per-item mode (`ant worker poll --on-work`)
 //! does.
 
-use super::turn::Watched;
+use super::turn::{said, steps_of, Spread, Watched};
 use super::Environment;
 use crate::harness::Bench;
 use crate::runner::{claim, clean_command, Scratch};
 use crate::supervisor::{ms_between, Clock, InProcess};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
-use mango_controller::core::stages::Stage;
+use mango_controller::core::stages::{Stage, Stamps};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::Ordering::Relaxed;
@@ -60,6 +60,9 @@ pub struct Case {
     pub went_cold: usize,
     /// Every Session this case made (their workspaces are removed at the end).
     pub sessions: Vec<String>,
+    /// Each step from poll to the first heartbeat, with its measured
+    /// turns' samples (the core's cases), ms.
+    pub steps: Vec<(String, Vec<f64>)>,
 }
 
 /// One turn's figures.
@@ -68,6 +71,8 @@ struct Measured {
     first_beat_ms: Option<f64>,
     /// A warm or kept sandbox served it.
     reused: bool,
+    /// Poll to the first heartbeat, step by step (the core's cases).
+    steps: Vec<(String, f64)>,
 }
 
 impl Case {
@@ -80,6 +85,7 @@ impl Case {
             first_beat: Vec::new(),
             went_cold: 0,
             sessions: Vec::new(),
+            steps: Vec::new(),
         }
     }
 
@@ -131,8 +137,28 @@ impl Case {
             if reuses && !figures.reused {
                 self.went_cold += 1;
             }
+            for (step, ms) in figures.steps {
+                match self.steps.iter_mut().find(|(name, _)| *name == step) {
+                    Some((_, samples)) => samples.push(ms),
+                    None => self.steps.push((step, vec![ms])),
+                }
+            }
         }
         Ok(())
+    }
+
+    /// `ttfi: docker warm: p50 by step: polled→acked 2.1 ms, …`, where the
+    /// case has steps: where its poll → first heartbeat goes.
+    pub fn report_steps(&self) {
+        if self.steps.is_empty() {
+            return;
+        }
+        let p50s: Vec<(String, f64)> = self
+            .steps
+            .iter()
+            .filter_map(|(step, samples)| Some((step.clone(), Spread::of(samples)?.p50)))
+            .collect();
+        println!("ttfi: {}: p50 by step: {}", self.label, said(&p50s));
     }
 }
 
@@ -163,22 +189,45 @@ async fn core_turn(
     let ttfi_ms = outcome?;
     let work_id = first_work(bench, &session).await?;
     env.api.force_stop(&work_id).await?;
-    let record = running.collector.done_with(&work_id, DONE_TIMEOUT).await?;
-    let stamps = &record.stamps;
+    let (stamps, first_beat_ms, steps) =
+        item_figures(bench, running, &work_id, &clock, DONE_TIMEOUT).await?;
+    Ok(Measured {
+        ttfi_ms,
+        first_beat_ms,
+        reused: stamps.get(Stage::Bound).is_some() && stamps.get(Stage::Created).is_none(),
+        steps,
+    })
+}
+
+/// Once the core is done with `work_id` (within `within`): its stamps,
+/// poll → first heartbeat (the core's `polled` to the api's `started_at`),
+/// and each step between them.
+async fn item_figures(
+    bench: &Bench,
+    running: &InProcess,
+    work_id: &str,
+    clock: &Clock,
+    within: Duration,
+) -> anyhow::Result<(Stamps, Option<f64>, Vec<(String, f64)>)> {
+    let record = running.collector.done_with(work_id, within).await?;
+    let stamps = record.stamps;
     let started: Option<DateTime<Utc>> =
         sqlx::query_scalar("SELECT started_at FROM work WHERE id = $1")
-            .bind(&work_id)
+            .bind(work_id)
             .fetch_one(&bench.app.db)
             .await?;
     let first_beat_ms = match (stamps.get(Stage::Polled), started) {
         (Some(polled), Some(started)) => Some(ms_between(clock.wall(polled), started)),
         _ => None,
     };
-    Ok(Measured {
-        ttfi_ms,
-        first_beat_ms,
-        reused: stamps.get(Stage::Bound).is_some() && stamps.get(Stage::Created).is_none(),
-    })
+    let mut steps = steps_of(&stamps, Stage::Polled);
+    if let (Some(delivered), Some(started)) = (stamps.get(Stage::Delivered), started) {
+        steps.push((
+            "delivered→first heartbeat".into(),
+            ms_between(clock.wall(delivered), started),
+        ));
+    }
+    Ok((stamps, first_beat_ms, steps))
 }
 
 async fn sdk_turn(
@@ -264,6 +313,7 @@ async fn sdk_turn(
     Ok(Measured {
         ttfi_ms,
         first_beat_ms: None,
+        steps: Vec::new(),
         reused: false,
     })
 }
@@ -302,7 +352,8 @@ async fn kept_turn(
 ) -> anyhow::Result<Measured> {
     until_kept(running, label).await?;
     let reused_before = running.metrics.kept_reused.load(Relaxed);
-    let mut watched = Watched::again(bench, session);
+    let clock = Clock::now();
+    let mut watched = Watched::again(bench, session.clone());
     let outcome = async {
         let sent = watched.send(&env.api).await?;
         let ttfi_ms = watched.first_result(sent).await?;
@@ -311,11 +362,24 @@ async fn kept_turn(
     }
     .await;
     watched.close(bench);
+    let ttfi_ms = outcome?;
+    // Counted once the kept sandbox took the envelope, before any tool ran.
+    let reused = running.metrics.kept_reused.load(Relaxed) > reused_before;
+    // The activation ends at the runner's idle end, its sandbox kept.
+    let within = KEPT_TIMEOUT;
+    let (_, first_beat_ms, steps) = item_figures(
+        bench,
+        running,
+        &last_work(bench, &session).await?,
+        &clock,
+        within,
+    )
+    .await?;
     Ok(Measured {
-        ttfi_ms: outcome?,
-        first_beat_ms: None,
-        // Counted once the kept sandbox took the envelope, before any tool ran.
-        reused: running.metrics.kept_reused.load(Relaxed) > reused_before,
+        ttfi_ms,
+        first_beat_ms,
+        steps,
+        reused,
     })
 }
 
@@ -339,6 +403,16 @@ async fn first_work(bench: &Bench, session: &str) -> anyhow::Result<String> {
         .fetch_optional(&bench.app.db)
         .await?
         .with_context(|| format!("{session} has no Work"))
+}
+
+async fn last_work(bench: &Bench, session: &str) -> anyhow::Result<String> {
+    sqlx::query_scalar(
+        "SELECT id FROM work WHERE session_id = $1 ORDER BY created_at DESC, id DESC LIMIT 1",
+    )
+    .bind(session)
+    .fetch_optional(&bench.app.db)
+    .await?
+    .with_context(|| format!("{session} has no Work"))
 }
 
 /// Until the in-process core's warm pool is full: each warm turn starts

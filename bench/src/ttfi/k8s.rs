@@ -26,6 +26,7 @@
 
 use super::cases::until_warm;
 use super::kept_image::IDLE_AFTER_END_TURN_SECONDS;
+use super::turn::{said, steps_of};
 use super::{Environment, Options, Spread};
 use crate::harness::Bench;
 use crate::runner::Scratch;
@@ -211,7 +212,7 @@ impl Pool {
             "ttfi: kubernetes {}: {} turn: Ack → delivered {ms:7.2} ms ({}){}",
             self.label,
             if measured { "measured" } else { "warm-up" },
-            steps(&stamps),
+            said(&steps_of(&stamps, Stage::Acked)),
             if reuses && !reused {
                 " (no warm or kept Pod bound: started cold)"
             } else {
@@ -317,31 +318,6 @@ impl Pool {
         }
         Ok(record.stamps)
     }
-}
-
-/// `acked→bound 1.2 ms, bound→delivered 3.4 ms`: each step of the item's
-/// stamps from Ack to delivered.
-fn steps(stamps: &Stamps) -> String {
-    let mut out = Vec::new();
-    let mut before: Option<(Stage, Instant)> = None;
-    for stage in Stage::ALL {
-        let Some(at) = stamps.get(stage) else {
-            continue;
-        };
-        if let Some((from, then)) = before.filter(|(from, _)| *from != Stage::Polled) {
-            out.push(format!(
-                "{}→{} {:.2} ms",
-                from.as_str(),
-                stage.as_str(),
-                crate::measure::ms(at.saturating_duration_since(then))
-            ));
-        }
-        before = Some((stage, at));
-        if stage == Stage::Delivered {
-            break;
-        }
-    }
-    out.join(", ")
 }
 
 async fn work_of(bench: &Bench, session: &str) -> Vec<String> {

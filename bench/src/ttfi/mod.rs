@@ -346,6 +346,7 @@ pub async fn run(
     let mut failure = interleaved.err();
     let mut finished = Vec::new();
     for case in cases {
+        case.report_steps();
         let Case {
             label,
             server,

@@ -7,6 +7,7 @@ use crate::http::Api;
 use crate::measure::{ms, percentile};
 use crate::runner::{admissions, result_text, Arrival};
 use anyhow::{bail, Context};
+use mango_controller::core::stages::{Stage, Stamps};
 use mango_protocol::events::types;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -121,6 +122,38 @@ impl Watched {
         self.reader.abort();
         bench.forget_publications(&self.session);
     }
+}
+
+/// Each step of an item's stamps from `from` to delivered, named
+/// `acked→bound`, in ms.
+pub fn steps_of(stamps: &Stamps, from: Stage) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    let mut before: Option<(Stage, Instant)> = None;
+    for stage in Stage::ALL.into_iter().skip_while(|s| *s != from) {
+        let Some(at) = stamps.get(stage) else {
+            continue;
+        };
+        if let Some((was, then)) = before {
+            out.push((
+                format!("{}→{}", was.as_str(), stage.as_str()),
+                ms(at.saturating_duration_since(then)),
+            ));
+        }
+        before = Some((stage, at));
+        if stage == Stage::Delivered {
+            break;
+        }
+    }
+    out
+}
+
+/// `acked→bound 1.20 ms, bound→delivered 3.40 ms`.
+pub fn said(steps: &[(String, f64)]) -> String {
+    steps
+        .iter()
+        .map(|(step, ms)| format!("{step} {ms:.2} ms"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// p50, p90 and p99 of one figure's samples, ms.
