@@ -872,6 +872,39 @@ impl DockerLauncher {
         Ok(keeps.then_some(id))
     }
 
+    /// For Session Work, binds `warm`'s workspace to the Session (the
+    /// binding volume that names it): its name, or `None` for a
+    /// healthcheck. A Session that got a workspace meanwhile keeps that one.
+    async fn bind_workspace(
+        &self,
+        warm: &Warm,
+        spec: &SandboxSpec,
+    ) -> Result<Option<String>, LaunchError> {
+        let Some(session_id) = &spec.item.session_id else {
+            return Ok(None);
+        };
+        let name = session_volume(session_id);
+        let labels = HashMap::from([
+            (naming::LABEL_SESSION_ID.to_string(), session_id.clone()),
+            (
+                naming::LABEL_ENVIRONMENT_ID.to_string(),
+                spec.item.environment_id.clone(),
+            ),
+            (
+                naming::LABEL_MANAGED_BY.to_string(),
+                naming::MANAGED_BY.to_string(),
+            ),
+            (LABEL_WORKSPACE_VOLUME.to_string(), warm.name.clone()),
+        ]);
+        let made = self.make_volume(&name, labels).await?;
+        if made.labels.get(LABEL_WORKSPACE_VOLUME) != Some(&warm.name) {
+            return Err(LaunchError::Workspace(format!(
+                "Session {session_id} has a workspace already"
+            )));
+        }
+        Ok(Some(name))
+    }
+
     /// Notes whether the container `handle`'s runner waits after an idle end.
     fn note_waiting(&self, handle: &str, waits: bool) {
         let mut waiting = self.waiting.lock().expect("waiting lock");
@@ -1337,7 +1370,9 @@ impl Launcher for DockerLauncher {
     }
 
     /// The record first (from then on no one lists it as warm), then the
-    /// Session's binding, then the name. What fails undoes what this call did.
+    /// Session's binding and the name at once (neither needs the other).
+    /// What fails undoes what this call made; a renamed container that will
+    /// not bind is removed by its handle, whatever its name.
     async fn bind(&self, warm: &Warm, spec: &SandboxSpec) -> Result<Sandbox, LaunchError> {
         let record = record_name(&warm.handle);
         let mut labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
@@ -1351,66 +1386,42 @@ impl Launcher for DockerLauncher {
             // Another item's record: this container is bound already.
             return Err(LaunchError::Taken(warm.name.clone()));
         }
-        let undo = |session: Option<String>| async move {
-            if let Some(session) = session {
+        let rename = async {
+            let renamed = self
+                .docker
+                .rename_container(
+                    &warm.handle,
+                    RenameContainerOptions {
+                        name: spec.name.clone(),
+                    },
+                )
+                .await;
+            match renamed {
+                Ok(()) => Ok(()),
+                Err(err) if status_of(&err) == Some(409) => {
+                    Err(LaunchError::AlreadyExists(spec.name.clone()))
+                }
+                Err(err) => Err(launch_error(err)),
+            }
+        };
+        let (binding, renamed) = tokio::join!(self.bind_workspace(warm, spec), rename);
+        let (made, failure) = match (binding, renamed) {
+            (Ok(_), Ok(())) => (None, None),
+            (Ok(session), Err(err)) => (session, Some(err)),
+            (Err(err), _) => (None, Some(err)),
+        };
+        if let Some(err) = failure {
+            if let Some(session) = made {
                 let _ = self.remove_volume(&session).await;
             }
             let _ = self.remove_volume(&record).await;
-        };
-        let mut binding = None;
-        if let Some(session_id) = &spec.item.session_id {
-            let name = session_volume(session_id);
-            let labels = HashMap::from([
-                (naming::LABEL_SESSION_ID.to_string(), session_id.clone()),
-                (
-                    naming::LABEL_ENVIRONMENT_ID.to_string(),
-                    spec.item.environment_id.clone(),
-                ),
-                (
-                    naming::LABEL_MANAGED_BY.to_string(),
-                    naming::MANAGED_BY.to_string(),
-                ),
-                (LABEL_WORKSPACE_VOLUME.to_string(), warm.name.clone()),
-            ]);
-            let made = match self.make_volume(&name, labels).await {
-                Ok(made) => made,
-                Err(err) => {
-                    undo(None).await;
-                    return Err(err);
-                }
-            };
-            if made.labels.get(LABEL_WORKSPACE_VOLUME) != Some(&warm.name) {
-                // The Session got a workspace meanwhile: it keeps that one.
-                undo(None).await;
-                return Err(LaunchError::Workspace(format!(
-                    "Session {session_id} has a workspace already"
-                )));
-            }
-            binding = Some(name);
+            return Err(err);
         }
-        let renamed = self
-            .docker
-            .rename_container(
-                &warm.handle,
-                RenameContainerOptions {
-                    name: spec.name.clone(),
-                },
-            )
-            .await;
-        match renamed {
-            Ok(()) => Ok(Sandbox {
-                name: spec.name.clone(),
-                handle: warm.handle.clone(),
-                item: spec.item.clone(),
-            }),
-            Err(err) => {
-                undo(binding).await;
-                if status_of(&err) == Some(409) {
-                    return Err(LaunchError::AlreadyExists(spec.name.clone()));
-                }
-                Err(launch_error(err))
-            }
-        }
+        Ok(Sandbox {
+            name: spec.name.clone(),
+            handle: warm.handle.clone(),
+            item: spec.item.clone(),
+        })
     }
 
     async fn deliver(&self, sandbox: &Sandbox, envelope: Secret) -> Result<Instant, LaunchError> {
