@@ -98,7 +98,8 @@ struct Common {
     /// This supervisor's `Anthropic-Worker-ID`, and the owner of its warm
     /// sandboxes, which only the same id adopts after a restart. One live
     /// process per id on a host (default:
-    /// mango-worker-<host>-<environment id>-<pool>).
+    /// mango-worker-<host>-<environment id>-<pool>, `-local` after it for
+    /// `local`).
     #[arg(long, env = "MANGO_WORKER_ID")]
     worker_id: Option<String>,
     /// With --drain: how long running items get before their sandboxes are removed.
@@ -114,7 +115,7 @@ const DEFAULT_METRICS_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9464);
 
 impl Common {
-    fn config(&self, sandbox_base_url: &str) -> Config {
+    fn config(&self, kind: mango_controller::worker_id::Kind, sandbox_base_url: &str) -> Config {
         let mut config = Config::new(&self.environment_id, sandbox_base_url);
         config.max_concurrency = self.max_concurrency as usize;
         config.pool = self.pool.clone();
@@ -122,7 +123,7 @@ impl Common {
         config.warm = self.warm as usize;
         config.workspace_sweep_every = Duration::from_secs(self.workspace_sweep_seconds);
         config.worker_id = self.worker_id.clone().unwrap_or_else(|| {
-            mango_controller::worker_id::default_for(&self.environment_id, &self.pool)
+            mango_controller::worker_id::default_for(kind, &self.environment_id, &self.pool)
         });
         config
     }
@@ -148,7 +149,7 @@ fn main() -> ExitCode {
                 None => myself_as_runner(),
             };
             let base = sandbox_base_url.unwrap_or_else(|| common.base_url.clone());
-            let config = common.config(&base);
+            let config = common.config(mango_controller::worker_id::Kind::Local, &base);
             let _worker_id = match hold_worker_id(&config) {
                 Ok(held) => held,
                 Err(code) => return code,
@@ -186,7 +187,10 @@ fn main() -> ExitCode {
             egress,
         } => {
             init_logging();
-            let mut config = common.config(&docker.sandbox_base_url);
+            let mut config = common.config(
+                mango_controller::worker_id::Kind::Docker,
+                &docker.sandbox_base_url,
+            );
             let _worker_id = match hold_worker_id(&config) {
                 Ok(held) => held,
                 Err(code) => return code,

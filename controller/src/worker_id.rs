@@ -12,13 +12,27 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// `mango-worker-<host>-<environment id>-<pool>`: the same at every start of
-/// the supervisor of one pool of one Environment on this host.
-pub fn default_for(environment_id: &str, pool: &str) -> String {
+/// Which `mango-worker` a default id is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Docker,
+    Local,
+}
+
+/// `mango-worker-<host>-<environment id>-<pool>` (`…-local` for `mango-worker
+/// local`): the same at every start of the supervisor of one pool of one
+/// Environment on this host, and another for each kind, so a `docker` and a
+/// `local` supervisor of one Environment can run side by side. Docker's
+/// has no suffix: it owns the warm containers an earlier start left.
+pub fn default_for(kind: Kind, environment_id: &str, pool: &str) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "host".into());
-    format!("mango-worker-{host}-{environment_id}-{pool}")
+    let id = format!("mango-worker-{host}-{environment_id}-{pool}");
+    match kind {
+        Kind::Docker => id,
+        Kind::Local => format!("{id}-local"),
+    }
 }
 
 /// How long a start waits for a previous process of its id to exit: a
@@ -163,11 +177,17 @@ mod tests {
 
     #[test]
     fn the_default_is_the_same_at_every_start_and_names_the_environment_and_pool() {
-        let id = default_for("env_abc", "builders");
-        assert_eq!(id, default_for("env_abc", "builders"));
+        let id = default_for(Kind::Docker, "env_abc", "builders");
+        assert_eq!(id, default_for(Kind::Docker, "env_abc", "builders"));
         assert!(id.ends_with("-env_abc-builders"), "{id}");
-        assert_ne!(id, default_for("env_abc", "other"));
-        assert_ne!(id, default_for("env_other", "builders"));
+        assert_ne!(id, default_for(Kind::Docker, "env_abc", "other"));
+        assert_ne!(id, default_for(Kind::Docker, "env_other", "builders"));
+        let local = default_for(Kind::Local, "env_abc", "builders");
+        assert_ne!(
+            local, id,
+            "a docker and a local supervisor run side by side"
+        );
+        assert!(local.ends_with("-env_abc-builders-local"), "{local}");
     }
 
     #[test]
