@@ -145,6 +145,18 @@ impl ScriptedModel {
         self.requests.lock().expect("requests lock").clone()
     }
 
+    /// Waits (at most 20 s) until the model has been asked `n` times.
+    pub async fn until_asked(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.requests().len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "the model was not asked {n} times"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// When each request arrived, in order.
     pub fn arrivals(&self) -> Vec<Instant> {
         self.arrivals.lock().expect("arrivals lock").clone()

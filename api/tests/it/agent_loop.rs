@@ -153,18 +153,6 @@ async fn tool_calls_wait_for_results_then_the_model_continues(db: sqlx::PgPool) 
         .any(|r| r["tool_use_id"] == unknown["id"] && r["is_error"] == true));
 }
 
-/// Waits until the model has been asked `n` times.
-async fn until_asked(model: &ScriptedModel, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while model.requests().len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "the model was not asked {n} times"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Each text block of a request's messages, with its role.
 fn said(body: &Value) -> Vec<(&str, &str)> {
     body["messages"]
@@ -198,7 +186,7 @@ async fn a_message_sent_while_the_model_is_asked_is_answered_next(db: sqlx::PgPo
     let app = app_with_model(db, &model).await;
     let s = session_with_tools(&app, json!([])).await;
     say(&app, &s, "hi").await;
-    until_asked(&model, 1).await;
+    model.until_asked(1).await;
     say(&app, &s, "and one more thing").await;
     release.send(()).unwrap();
     let e = until(&app, &s, "the second answer", |e| {
@@ -249,7 +237,7 @@ async fn an_interrupt_while_the_model_is_asked_drops_its_reply(db: sqlx::PgPool)
     let app = app_with_model(db, &model).await;
     let s = session_with_tools(&app, json!([])).await;
     say(&app, &s, "hi").await;
-    until_asked(&model, 1).await;
+    model.until_asked(1).await;
     app.send(
         &s,
         json!([{"type": "user.interrupt"},

@@ -48,17 +48,6 @@ async fn kill(app: TestApp) {
     }
 }
 
-async fn until_requests(model: &ScriptedModel, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while model.requests().len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "the model was not called {n} times"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn count(events: &[Value], kind: &str) -> usize {
     events.iter().filter(|e| e["type"] == kind).count()
 }
@@ -95,7 +84,7 @@ async fn a_restart_mid_call_resumes_the_open_request(db: PgPool) {
     let first = replica(&db, &model).await;
     let s = session_with_tools(&first, json!([])).await;
     say(&first, &s, "hello").await;
-    until_requests(&model, 1).await;
+    model.until_asked(1).await;
     let before = first.all_events(&s).await;
     assert_eq!(
         types(&before),
