@@ -165,22 +165,27 @@ async fn step_until_waiting(
                 let error = session_error(&failure, RetryStatus::Terminal);
                 emit(ctx, session_id, vec![error, idle]).await?;
             }
-            Next::CallModel { open_request: None } => {
-                // The request is what the log holds before its start: the
-                // next round reads the log again and makes it, so input that
-                // came while this round read is in it, and anything later
-                // follows its reply.
-                let mut opening = Vec::new();
-                if session.status != SessionStatus::Running {
-                    opening.push(EventBody::SessionStatusRunning);
-                }
-                opening.push(EventBody::ModelRequestStart);
-                emit(ctx, session_id, opening).await?;
-            }
-            Next::CallModel {
-                open_request: Some(start_id),
-            } => {
+            Next::CallModel { open_request } => {
                 let model = model.expect("matched above");
+                let (start_id, events) = match open_request {
+                    Some(id) => (id, events),
+                    None => {
+                        let mut opening = Vec::new();
+                        if session.status != SessionStatus::Running {
+                            opening.push(EventBody::SessionStatusRunning);
+                        }
+                        opening.push(EventBody::ModelRequestStart);
+                        let stored = emit(ctx, session_id, opening).await?;
+                        let start_id = stored.last().map(|e| e.id.clone()).unwrap_or_default();
+                        // The request is what the log holds before its start:
+                        // input that came while this round read joins it, and
+                        // anything later follows its reply.
+                        let mut events = events;
+                        let seen = events.last().map(|e| e.id.clone()).unwrap_or_default();
+                        events.extend(events::after_event(&ctx.db, session_id, &seen).await?);
+                        (start_id, events)
+                    }
+                };
                 let before_start = events
                     .iter()
                     .position(|e| e.id == start_id)

@@ -52,6 +52,8 @@ impl Scripted {
 type Replies = Arc<Mutex<VecDeque<Scripted>>>;
 type Requests = Arc<Mutex<Vec<(HeaderMap, Value)>>>;
 type Arrivals = Arc<Mutex<Vec<Instant>>>;
+/// How many requests have been recorded, for those who wait for one.
+type Asked = Arc<tokio::sync::watch::Sender<usize>>;
 /// What answers a request when no reply is queued: (status, body) from
 /// the request's body.
 pub type Answer = Arc<dyn Fn(&Value) -> (u16, Value) + Send + Sync>;
@@ -64,6 +66,7 @@ pub struct ScriptedModel {
     replies: Replies,
     requests: Requests,
     arrivals: Arrivals,
+    asked: Asked,
     _shutdown: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -88,11 +91,12 @@ impl ScriptedModel {
         ));
         let seen: Requests = Arc::default();
         let arrivals: Arrivals = Arc::default();
+        let asked: Asked = Arc::new(tokio::sync::watch::Sender::new(0));
         let app = axum::Router::new()
             .route(
                 "/v1/messages",
                 axum::routing::post(
-                    |State((queue, seen, arrivals, answer)): State<(Replies, Requests, Arrivals, Option<Answer>)>,
+                    |State((queue, seen, arrivals, asked, answer)): State<(Replies, Requests, Arrivals, Asked, Option<Answer>)>,
                      headers: HeaderMap,
                      body: Json<Value>| async move {
                         arrivals.lock().expect("arrivals lock").push(Instant::now());
@@ -100,7 +104,12 @@ impl ScriptedModel {
                             let (status, reply) = answer(&body.0);
                             Scripted::json(status, &reply, Duration::ZERO)
                         });
-                        seen.lock().expect("requests lock").push((headers, body.0));
+                        let count = {
+                            let mut seen = seen.lock().expect("requests lock");
+                            seen.push((headers, body.0));
+                            seen.len()
+                        };
+                        asked.send_replace(count);
                         let next = queue.lock().expect("script lock").pop_front().or(answered);
                         let reply = next.unwrap_or_else(|| {
                             Scripted::json(
@@ -118,7 +127,7 @@ impl ScriptedModel {
                     },
                 ),
             )
-            .with_state((queue.clone(), seen.clone(), arrivals.clone(), answer));
+            .with_state((queue.clone(), seen.clone(), arrivals.clone(), asked.clone(), answer));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
@@ -136,6 +145,7 @@ impl ScriptedModel {
             replies: queue,
             requests: seen,
             arrivals,
+            asked,
             _shutdown: tx,
         }
     }
@@ -147,14 +157,12 @@ impl ScriptedModel {
 
     /// Waits (at most 20 s) until the model has been asked `n` times.
     pub async fn until_asked(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.requests().len() < n {
-            assert!(
-                Instant::now() < deadline,
-                "the model was not asked {n} times"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let mut asked = self.asked.subscribe();
+        let reached = tokio::time::timeout(Duration::from_secs(20), asked.wait_for(|k| *k >= n));
+        assert!(
+            matches!(reached.await, Ok(Ok(_))),
+            "the model was not asked {n} times"
+        );
     }
 
     /// When each request arrived, in order.
